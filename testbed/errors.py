@@ -1,0 +1,48 @@
+"""The testbed's one error hierarchy.
+
+Every error a user can cause or meet derives from TestbedError; the CLI turns
+them into a message and an exit code (2 for bad input or a failed
+emulation). Code raises; it never logs and carries on.
+"""
+
+from __future__ import annotations
+
+
+class TestbedError(Exception):
+    """Base of every error the testbed raises on purpose."""
+
+    __test__ = False  # not a pytest test class
+
+
+class SpecError(TestbedError):
+    """A YAML file does not describe a valid topology/scenario.
+
+    Names the file, the YAML path of the bad field (e.g. ``wan.delay_ms``),
+    what was expected and what was found.
+    """
+
+    def __init__(self, file: str, path: str, expected: str, got: object):
+        self.file, self.path, self.expected, self.got = file, path, expected, got
+        super().__init__(f"{file}: {path or '<top>'}: expected {expected}, got {got!r}")
+
+
+class PlanError(TestbedError):
+    """A valid spec cannot be turned into a plan on this host (e.g. no backend)."""
+
+
+class ApplyError(TestbedError):
+    """Applying a plan step failed; wraps the failing step and the OS/netlink error."""
+
+    def __init__(self, step: object, cause: BaseException | str):
+        self.step, self.cause = step, cause
+        errno = getattr(cause, "code", None) or getattr(cause, "errno", None)
+        suffix = f" (errno {errno})" if errno else ""
+        super().__init__(f"could not apply {step}: {cause}{suffix}")
+
+
+class EmulationError(TestbedError):
+    """The host could not deliver what the topology configured (rate, delay...)."""
+
+
+class ProtocolError(TestbedError):
+    """A malformed, oversized or unexpected frame on a PDD connection."""
