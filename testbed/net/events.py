@@ -1,0 +1,40 @@
+"""The events log: every applied change, one JSON object per line.
+
+Owns events.jsonl. Each record carries ``t_mono`` (time.monotonic(), the
+clock every other record of a run uses), ``t_wall`` and a ``kind`` with its
+fields. The log is append-only and flushed per record so it survives a crash.
+
+Example::
+
+    log = EventLog(Path("runs/x/events.jsonl"))
+    log.record("set_link", link="wan", rate_gbit=5)
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+
+class EventLog:
+    def __init__(self, path: Path | None = None):
+        self.path = path
+        self.records: list[dict] = []
+        self._fh = None
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._fh = path.open("a")
+
+    def record(self, kind: str, **fields) -> dict:
+        rec = {"t_mono": time.monotonic(), "t_wall": time.time(), "kind": kind, **fields}
+        self.records.append(rec)
+        if self._fh:
+            self._fh.write(json.dumps(rec, default=str) + "\n")
+            self._fh.flush()
+        return rec
+
+    def close(self) -> None:
+        if self._fh:
+            self._fh.close()
+            self._fh = None

@@ -1,0 +1,430 @@
+"""Transport interface of the PDD roles, and its asyncio TCP implementation.
+
+Owns ``Connection`` (send/recv whole ``Frame``s, byte counters, close),
+``Listener``, the ``Transport`` factory interface (``serve`` / ``connect``),
+the TCP backend (``TcpTransport`` and the module-level ``serve`` /
+``connect``) and the per-connection handler wrapper shared with the in-memory
+fake (``fake_transport.py``). Roles are written against ``Transport`` and
+``Connection`` only, so the same code runs on loopback, in network
+namespaces, and over the fake in unit tests.
+
+Connection lifecycle: opened by ``connect`` or handed to the server's handler
+-> frames flow (every received byte goes through a ``FrameDecoder``) -> it
+ends by a local ``close()`` (later calls raise ``ConnectionClosed``), by the
+peer closing (``recv`` returns the frames already received, then raises
+``ConnectionClosed``; ``ProtocolError`` if the stream stopped inside a frame),
+or by a bad frame (``recv`` raises ``ProtocolError``). A server closes only
+the connection whose handler raised, logging why; the listener keeps serving.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import logging
+import socket
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from testbed.errors import ProtocolError, TestbedError
+from testbed.pdd.protocol import MAX_FRAME_BYTES, Frame, FrameDecoder, encode_frame
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[["Connection"], Awaitable[None]]
+
+
+class ConnectionClosed(TestbedError):
+    """The connection is closed (by this side or the peer); no more frames."""
+
+
+class Connection(abc.ABC):
+    """A framed, bidirectional byte stream to one peer.
+
+    Backends implement ``_write``, ``_read`` and ``_close_transport``; framing,
+    validation, counters and the closed state live here so every backend
+    behaves alike. One task may ``recv`` at a time; ``send`` may be called from
+    several tasks (frames are never interleaved).
+
+    >>> async def ask(conn):
+    ...     await conn.send(Frame(1, Health(nonce=5)))
+    ...     return await conn.recv()
+    """
+
+    def __init__(self, peer: str, max_frame_bytes: int = MAX_FRAME_BYTES):
+        self.peer = peer
+        self.max_frame_bytes = max_frame_bytes
+        self.bytes_sent = 0
+        self.bytes_received = 0
+        self.frames_sent = 0
+        self.frames_received = 0
+        self._decoder = FrameDecoder(max_frame_bytes)
+        self._frames: deque[Frame] = deque()
+        self._send_lock = asyncio.Lock()
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        """True once ``close()`` was called on this side."""
+        return self._closed
+
+    async def send(self, frame: Frame) -> None:
+        """Encode, validate the size of, and send one frame; waits for buffer space."""
+        await self.send_raw(encode_frame(frame, self.max_frame_bytes))
+        self.frames_sent += 1
+
+    async def send_raw(self, data: bytes) -> None:
+        """Send bytes as they are: for fault injection (malformed frames) and tests."""
+        if self._closed:
+            raise ConnectionClosed(f"connection to {self.peer} is closed")
+        async with self._send_lock:
+            try:
+                await self._write(data)
+            except OSError as err:
+                raise ConnectionClosed(f"sending to {self.peer}: {err}") from err
+            self.bytes_sent += len(data)
+
+    async def recv(self) -> Frame:
+        """The next frame; ConnectionClosed at the end, ProtocolError on a bad frame."""
+        while not self._frames:
+            if self._decoder.error is not None:
+                raise self._decoder.error
+            if self._closed:
+                raise ConnectionClosed(f"connection to {self.peer} is closed")
+            try:
+                chunk = await self._read()
+            except OSError as err:
+                raise ConnectionClosed(f"receiving from {self.peer}: {err}") from err
+            if self._closed:
+                raise ConnectionClosed(f"connection to {self.peer} was closed while receiving")
+            if not chunk:
+                self._decoder.eof()  # raises ProtocolError if the peer stopped mid-frame
+                raise ConnectionClosed(f"{self.peer} closed the connection")
+            self.bytes_received += len(chunk)
+            self._frames.extend(self._decoder.feed(chunk))
+        self.frames_received += 1
+        return self._frames.popleft()
+
+    def close(self) -> None:
+        """Close this side; idempotent. Frames not yet received are dropped."""
+        if not self._closed:
+            self._closed = True
+            self._frames.clear()
+            self._close_transport()
+
+    async def wait_closed(self) -> None:
+        """Wait until the backend has released the connection (after ``close``)."""
+
+    async def __aenter__(self) -> Connection:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.close()
+        await self.wait_closed()
+
+    @abc.abstractmethod
+    async def _write(self, data: bytes) -> None:
+        """Hand ``data`` to the backend, waiting while its buffers are full."""
+
+    @abc.abstractmethod
+    async def _read(self) -> bytes:
+        """Some received bytes; b"" once the peer has closed."""
+
+    @abc.abstractmethod
+    def _close_transport(self) -> None:
+        """Release the backend's resources and signal end of stream to the peer."""
+
+
+class Listener(abc.ABC):
+    """A bound server; ``close()`` stops accepting and closes its live connections."""
+
+    def __init__(self) -> None:
+        self.connections: set[Connection] = set()
+
+    @property
+    @abc.abstractmethod
+    def address(self) -> tuple[str, int]:
+        """The bound (host, port); the real port when asked for port 0."""
+
+    def close(self) -> None:
+        self._stop_accepting()
+        for conn in list(self.connections):
+            conn.close()
+
+    async def wait_closed(self) -> None:
+        """Wait until the listener has stopped (after ``close``)."""
+
+    async def __aenter__(self) -> Listener:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.close()
+        await self.wait_closed()
+
+    @abc.abstractmethod
+    def _stop_accepting(self) -> None:
+        """Stop accepting new connections."""
+
+
+class Transport(abc.ABC):
+    """Makes listeners and connections; roles receive one of these."""
+
+    @abc.abstractmethod
+    async def serve(self, host: str, port: int, handler: Handler) -> Listener:
+        """Listen on (host, port) and run ``handler(conn)`` for each accepted connection."""
+
+    @abc.abstractmethod
+    async def connect(self, host: str, port: int) -> Connection:
+        """Open a connection to (host, port); OSError if nobody listens there."""
+
+
+async def run_handler(listener: Listener, conn: Connection, handler: Handler) -> None:
+    """Run one server-side connection: the handler's errors close it, never the server."""
+    listener.connections.add(conn)
+    try:
+        await handler(conn)
+    except ProtocolError as err:
+        log.warning("closing connection from %s: protocol error: %s", conn.peer, err)
+    except ConnectionClosed as err:
+        log.info("connection from %s ended: %s", conn.peer, err)
+    except Exception:  # a handler bug must not take the listener down
+        log.exception("closing connection from %s: handler failed", conn.peer)
+    finally:
+        listener.connections.discard(conn)
+        conn.close()
+        await conn.wait_closed()
+
+
+@dataclass(frozen=True)
+class TcpOptions:
+    """Socket settings of a TCP connection or listener."""
+
+    max_frame_bytes: int = MAX_FRAME_BYTES  # bound on one frame, both directions
+    nodelay: bool = True  # TCP_NODELAY: no Nagle delay on small frames (TOKENS)
+    sndbuf_bytes: int | None = None  # SO_SNDBUF; None keeps the kernel's autotuning
+    rcvbuf_bytes: int | None = None  # SO_RCVBUF, set before connect/listen (window scale)
+    recv_queue_bytes: int = 4 << 20  # received, unread bytes before the socket is paused
+    connect_timeout_s: float = 10.0
+
+
+def _apply_buffer_sizes(sock: socket.socket, options: TcpOptions) -> None:
+    if options.sndbuf_bytes is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, options.sndbuf_bytes)
+    if options.rcvbuf_bytes is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, options.rcvbuf_bytes)
+
+
+class _TcpStream(asyncio.Protocol):
+    """asyncio protocol under a TcpConnection: queues received chunks without copying,
+    pauses the socket while more than ``recv_queue_bytes`` wait, and tracks write
+    flow control for ``drain``."""
+
+    def __init__(self, recv_queue_bytes: int):
+        self.transport: asyncio.Transport | None = None
+        self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._chunks: deque[bytes] = deque()
+        self._queued, self._limit = 0, recv_queue_bytes
+        self._ended, self._error = False, None
+        self._reading_paused = self._writing_paused = False
+        self._wakeup: asyncio.Future[None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self._chunks.append(data)
+        self._queued += len(data)
+        if self._queued > self._limit and not self._reading_paused:
+            self._reading_paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def eof_received(self) -> bool:
+        self._ended = True
+        self._wake()
+        return False  # close our side too
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._ended, self._error = True, exc
+        if not self.lost.done():
+            self.lost.set_result(None)
+        self._wake()
+
+    def pause_writing(self) -> None:
+        self._writing_paused = True
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        self._wake()
+
+    async def read(self) -> bytes:
+        """The oldest received chunk; b"" at end of stream; OSError if it was reset."""
+        while not self._chunks:
+            if self._ended:
+                if self._error is not None:
+                    raise ConnectionResetError(f"connection lost: {self._error}")
+                return b""
+            await self._wait()
+        chunk = self._chunks.popleft()
+        self._queued -= len(chunk)
+        if self._reading_paused and self._queued <= self._limit // 2:
+            self._reading_paused = False
+            self.transport.resume_reading()
+        return chunk
+
+    async def drain(self) -> None:
+        """Wait while the transport's write buffer is over its high-water mark."""
+        while self._writing_paused:
+            if self.lost.done():
+                raise ConnectionResetError("connection lost while sending")
+            await self._wait()
+
+    async def _wait(self) -> None:
+        self._wakeup = asyncio.get_running_loop().create_future()
+        try:
+            await self._wakeup
+        finally:
+            self._wakeup = None
+
+    def _wake(self) -> None:
+        if self._wakeup is not None and not self._wakeup.done():
+            self._wakeup.set_result(None)
+
+
+class TcpConnection(Connection):
+    """A ``Connection`` over one TCP socket (an asyncio transport + ``_TcpStream``)."""
+
+    def __init__(self, stream: _TcpStream, options: TcpOptions):
+        transport = stream.transport
+        peer = transport.get_extra_info("peername")
+        super().__init__(f"{peer[0]}:{peer[1]}" if peer else "?", options.max_frame_bytes)
+        self._stream, self._transport = stream, transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, int(options.nodelay))
+
+    @property
+    def local_address(self) -> tuple[str, int]:
+        return self._transport.get_extra_info("sockname")[:2]
+
+    async def _write(self, data: bytes) -> None:
+        if self._transport.is_closing():
+            raise ConnectionResetError("connection is closing")
+        self._transport.write(data)
+        await self._stream.drain()
+
+    async def _read(self) -> bytes:
+        return await self._stream.read()
+
+    def _close_transport(self) -> None:
+        self._transport.close()  # connection_lost wakes a pending _read with b""
+
+    async def wait_closed(self) -> None:
+        await self._stream.lost
+
+
+class TcpListener(Listener):
+    """A ``Listener`` around an ``asyncio.Server``; runs one handler task per connection."""
+
+    def __init__(self, handler: Handler, options: TcpOptions):
+        super().__init__()
+        self._handler, self._options = handler, options
+        self._server: asyncio.Server | None = None
+        self._address: tuple[str, int] = ("", 0)  # kept after close()
+        self._tasks: set[asyncio.Task] = set()
+
+    async def start(self, sock: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(self._new_stream, sock=sock, backlog=128)
+        self._address = sock.getsockname()[:2]
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return self._address
+
+    def _new_stream(self) -> _TcpStream:
+        stream = _TcpStream(self._options.recv_queue_bytes)
+        loop = asyncio.get_running_loop()
+        loop.call_soon(self._accept, stream)  # after connection_made has run
+        return stream
+
+    def _accept(self, stream: _TcpStream) -> None:
+        if stream.transport is None or stream.lost.done():
+            return
+        conn = TcpConnection(stream, self._options)
+        task = asyncio.get_running_loop().create_task(run_handler(self, conn, self._handler))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _stop_accepting(self) -> None:
+        if self._server is not None:
+            self._server.close()
+
+    async def wait_closed(self) -> None:
+        if self._server is not None:
+            await self._server.wait_closed()
+        others = [t for t in self._tasks if t is not asyncio.current_task()]
+        if others:  # the handlers end once close() has closed their connections
+            await asyncio.gather(*others, return_exceptions=True)
+
+
+class TcpTransport(Transport):
+    """Real TCP. ``await TcpTransport(TcpOptions(rcvbuf_bytes=8 << 20)).connect("10.0.0.2", 7000)``."""
+
+    def __init__(self, options: TcpOptions | None = None):
+        self.options = options or TcpOptions()
+
+    async def serve(self, host: str, port: int, handler: Handler) -> Listener:
+        loop = asyncio.get_running_loop()
+        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                       flags=socket.AI_PASSIVE)
+        sock = socket.socket(infos[0][0], socket.SOCK_STREAM)
+        listener = TcpListener(handler, self.options)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            _apply_buffer_sizes(sock, self.options)  # inherited by accepted sockets
+            sock.bind(infos[0][4])
+            sock.setblocking(False)
+            await listener.start(sock)
+        except BaseException:
+            sock.close()
+            raise
+        return listener
+
+    async def connect(self, host: str, port: int) -> Connection:
+        loop = asyncio.get_running_loop()
+        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        sock = socket.socket(infos[0][0], socket.SOCK_STREAM)
+        try:
+            sock.setblocking(False)
+            _apply_buffer_sizes(sock, self.options)  # before connect: sets the window scale
+            await asyncio.wait_for(loop.sock_connect(sock, infos[0][4]),
+                                   self.options.connect_timeout_s)
+            _, stream = await loop.create_connection(
+                lambda: _TcpStream(self.options.recv_queue_bytes), sock=sock)
+        except BaseException:
+            sock.close()
+            raise
+        return TcpConnection(stream, self.options)
+
+
+async def serve(host: str, port: int, handler: Handler,
+                options: TcpOptions | None = None) -> Listener:
+    """Serve PDD frames over TCP on (host, port); port 0 picks a free port.
+
+    >>> async def echo(conn):
+    ...     while True:
+    ...         await conn.send(await conn.recv())
+    >>> # listener = await serve("127.0.0.1", 0, echo); host, port = listener.address
+    """
+    return await TcpTransport(options).serve(host, port, handler)
+
+
+async def connect(host: str, port: int, options: TcpOptions | None = None) -> Connection:
+    """Open a TCP connection to a PDD server.
+
+    >>> # async with await connect("127.0.0.1", port) as conn:
+    >>> #     await conn.send(Frame(1, Hello(Role.CLIENT, "c0")))
+    """
+    return await TcpTransport(options).connect(host, port)

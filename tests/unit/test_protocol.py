@@ -1,0 +1,238 @@
+"""PDD wire protocol: round trips of every message type and every validation error."""
+
+from __future__ import annotations
+
+import struct
+import zlib
+
+import pytest
+
+from testbed.errors import ProtocolError
+from testbed.pdd.protocol import (
+    HEADER_SIZE,
+    MAGIC,
+    MESSAGE_CLASSES,
+    VERSION,
+    Cancel,
+    Done,
+    Error,
+    ErrorCode,
+    FinishReason,
+    Frame,
+    FrameDecoder,
+    Handoff,
+    HandoffAck,
+    Health,
+    HealthAck,
+    Hello,
+    KvChunk,
+    KvDone,
+    KvReady,
+    MsgType,
+    Request,
+    Role,
+    Tokens,
+    decode_payload,
+    encode_frame,
+    parse_header,
+)
+
+SAMPLES = [
+    Hello(Role.RELAY_DECODE, "rld0", {"gpu": "A", "slots": 8}),
+    Request((1, 2, 3, 0xFFFFFFFF), 16, {"session": "s1", "hit_rate": 0.93}),
+    Request((7,), 1),
+    KvChunk(0, 32, 1024, 2048, b"\x00\xffkv" * 100),
+    KvDone(num_tokens=4096, kv_bytes=50 * 1024 * 4096, num_chunks=4),
+    Tokens(Role.PREFILL, 0, (42,)),
+    Tokens(Role.MAIN_DECODE, 17, tuple(range(100))),
+    Handoff(batch=0, start_position=1, token_ids=(5, 9, 11), final=False),
+    Handoff(batch=3, start_position=200, token_ids=(), final=True),
+    HandoffAck(batch=3, next_position=200),
+    KvReady(num_tokens=65536),
+    Done(num_output_tokens=1024, finish_reason=FinishReason.LENGTH),
+    Error(ErrorCode.OVERLOADED, "RLD has no free slot"),
+    Health(nonce=2**64 - 1),
+    HealthAck(nonce=1, active_requests=12, waiting_requests=3),
+    Cancel(),
+]
+
+
+def test_samples_cover_every_message_type():
+    assert {m.MSG_TYPE for m in SAMPLES} == set(MsgType) == set(MESSAGE_CLASSES)
+
+
+@pytest.mark.parametrize("message", SAMPLES, ids=lambda m: type(m).__name__)
+def test_payload_round_trip(message):
+    assert decode_payload(message.MSG_TYPE, message.encode()) == message
+
+
+@pytest.mark.parametrize("message", SAMPLES, ids=lambda m: type(m).__name__)
+def test_frame_round_trip_through_decoder(message):
+    frame = Frame(2**63 + 5, message)
+    data = encode_frame(frame)
+    assert len(data) == HEADER_SIZE + len(message.encode())
+    assert FrameDecoder().feed(data) == [frame]
+
+
+def test_decoder_handles_one_byte_at_a_time_and_many_frames_per_feed():
+    frames = [Frame(i, m) for i, m in enumerate(SAMPLES)]
+    stream = b"".join(encode_frame(f) for f in frames)
+    dec = FrameDecoder()
+    got = [f for i in range(len(stream)) for f in dec.feed(stream[i: i + 1])]
+    assert got == frames and dec.buffered == 0
+    assert FrameDecoder().feed(stream) == frames
+
+
+def test_tokens_and_handoff_are_packed_u32_arrays():
+    payload = Tokens(Role.RELAY_DECODE, 9, (1, 2)).encode()
+    assert payload == struct.pack("!BIII", Role.RELAY_DECODE, 9, 1, 2)
+    handoff = Handoff(1, 10, tuple(range(100)), final=True)
+    assert len(handoff.encode()) == 9 + 4 * 100  # 100 token ids ~ 0.4 KB on the wire
+    assert handoff.end_position == 110
+
+
+def _raw(msg_type=MsgType.KV_READY, payload=b"\x00\x00\x00\x01", *, magic=MAGIC,
+         version=VERSION, flags=0, length=None, payload_crc=None, header_crc=None):
+    """A frame built by hand, so each field can be made wrong on its own."""
+    length = len(payload) if length is None else length
+    crc = zlib.crc32(payload) if payload_crc is None else payload_crc
+    prefix = struct.pack("!2sBBBQII", magic, version, msg_type, flags, 1, length, crc)
+    hcrc = zlib.crc32(prefix) if header_crc is None else header_crc
+    return prefix + struct.pack("!I", hcrc) + payload
+
+
+def test_raw_helper_builds_a_valid_frame():
+    assert FrameDecoder().feed(_raw()) == [Frame(1, KvReady(1))]
+
+
+BAD_FRAMES = [
+    ("bad magic", _raw(magic=b"GE"), "bad magic b'GE'"),
+    ("bad version", _raw(version=2), "unsupported version 2"),
+    ("unknown type", _raw(msg_type=99), "unknown message type 99"),
+    ("type zero", _raw(msg_type=0), "unknown message type 0"),
+    ("reserved flags", _raw(flags=0x80), "reserved flags 0x80"),
+    ("header checksum", _raw(header_crc=0), "header checksum mismatch"),
+    ("payload checksum", _raw(payload_crc=0), "KV_READY payload checksum mismatch"),
+    ("too large", _raw(length=2**32 - 1, payload=b""), "exceeds max_frame_bytes"),
+    ("fixed size wrong", _raw(payload=b"\x00\x00\x01"), "KV_READY payload: 3 bytes, expected 4"),
+    ("ids not u32 aligned", _raw(MsgType.TOKENS, b"\x02" + bytes(4) + bytes(7)),
+     "7 bytes of token ids is not a multiple of 4"),
+    ("tokens empty", _raw(MsgType.TOKENS, b"\x02" + bytes(4)), "token_ids is empty"),
+    ("tokens from router", _raw(MsgType.TOKENS, b"\x04" + bytes(8)),
+     "ROUTER does not produce tokens"),
+    ("tokens bad role", _raw(MsgType.TOKENS, b"\x09" + bytes(8)), "producer=9 is not a Role"),
+    ("handoff final flag", _raw(MsgType.HANDOFF, bytes(8) + b"\x02"),
+     "final flag must be 0 or 1, got 2"),
+    ("kv chunk short", _raw(MsgType.KV_CHUNK, bytes(5)), "5 bytes, need at least 12"),
+    ("kv chunk empty range", _raw(MsgType.KV_CHUNK, struct.pack("!HHII", 4, 4, 0, 8)),
+     "empty range"),
+    ("request count", _raw(MsgType.REQUEST, struct.pack("!III", 8, 3, 1) + b"{}"),
+     "3 prompt ids announced, 6 bytes left"),
+    ("request json", _raw(MsgType.REQUEST, struct.pack("!III", 8, 1, 1) + b"{x"),
+     "invalid JSON"),
+    ("request no tokens", _raw(MsgType.REQUEST, struct.pack("!II", 8, 0) + b"{}"),
+     "prompt_token_ids is empty"),
+    ("hello not utf-8", _raw(MsgType.HELLO, b"\xff\xfe"), "invalid JSON"),
+    ("hello deep json", _raw(MsgType.HELLO, b"[" * 100_000), "invalid JSON"),
+    ("hello not object", _raw(MsgType.HELLO, b"[1]"), "JSON must be an object, got list"),
+    ("hello unknown role", _raw(MsgType.HELLO, b'{"role":"GPU","name":"x","info":{}}'),
+     "unknown role 'GPU'"),
+    ("hello missing name", _raw(MsgType.HELLO, b'{"role":"CLIENT","info":{}}'),
+     "lacks 'name'"),
+    ("error code type", _raw(MsgType.ERROR, b'{"code":true,"reason":"x"}'),
+     "'code' must be int"),
+    ("error code unknown", _raw(MsgType.ERROR, b'{"code":77,"reason":"x"}'),
+     "code=77 is not a ErrorCode"),
+    ("done reason", _raw(MsgType.DONE, struct.pack("!IB", 3, 9)),
+     "finish_reason=9 is not a FinishReason"),
+    ("cancel with payload", _raw(MsgType.CANCEL, b"x"), "CANCEL payload: 1 bytes, expected none"),
+]
+
+
+@pytest.mark.parametrize("data, reason", [b[1:] for b in BAD_FRAMES],
+                         ids=[b[0] for b in BAD_FRAMES])
+def test_decoder_rejects_bad_frame_with_precise_reason(data, reason):
+    dec = FrameDecoder()
+    with pytest.raises(ProtocolError, match="frame #1 at stream offset 0") as exc:
+        dec.feed(data)
+    assert reason in str(exc.value)
+    with pytest.raises(ProtocolError):  # stays failed, even on valid input
+        dec.feed(encode_frame(Frame(1, Cancel())))
+    with pytest.raises(ProtocolError):
+        dec.eof()
+
+
+def test_oversized_length_is_rejected_from_the_header_alone():
+    dec = FrameDecoder(max_frame_bytes=1024)
+    header = _raw(MsgType.KV_CHUNK, payload=b"", length=2000)
+    with pytest.raises(ProtocolError, match="KV_CHUNK frame of 2025 bytes exceeds max_frame_bytes=1024"):
+        dec.feed(header)
+
+
+def test_garbage_is_rejected_before_a_full_header_arrives():
+    with pytest.raises(ProtocolError, match="bad magic"):
+        FrameDecoder().feed(b"GET")
+    with pytest.raises(ProtocolError, match="unsupported version 7"):
+        FrameDecoder().feed(MAGIC + b"\x07")
+
+
+@pytest.mark.parametrize("cut", [1, HEADER_SIZE - 1, HEADER_SIZE, HEADER_SIZE + 3])
+def test_truncated_frame_is_reported_at_end_of_stream(cut):
+    data = encode_frame(Frame(4, Tokens(Role.MAIN_DECODE, 0, (1, 2, 3))))
+    dec = FrameDecoder()
+    assert dec.feed(data[:cut]) == []
+    assert dec.buffered == cut
+    with pytest.raises(ProtocolError, match=f"stream ended inside a frame: {cut} bytes"):
+        dec.eof()
+
+
+def test_clean_end_of_stream_is_not_an_error():
+    dec = FrameDecoder()
+    dec.feed(encode_frame(Frame(1, Cancel())))
+    dec.eof()
+
+
+def test_frames_before_a_bad_one_are_returned_then_the_error_is_raised():
+    good = encode_frame(Frame(1, KvReady(3)))
+    dec = FrameDecoder()
+    assert dec.feed(good + good + _raw(flags=1)) == [Frame(1, KvReady(3))] * 2
+    assert dec.error is not None
+    assert f"frame #3 at stream offset {2 * len(good)}" in str(dec.error)
+    with pytest.raises(ProtocolError, match="reserved flags"):
+        dec.feed(b"")
+
+
+def test_encode_refuses_a_frame_over_the_limit():
+    frame = Frame(1, KvChunk(0, 1, 0, 1, bytes(2000)))
+    with pytest.raises(ProtocolError, match="exceeds max_frame_bytes=1024"):
+        encode_frame(frame, max_frame_bytes=1024)
+    assert len(encode_frame(frame, max_frame_bytes=HEADER_SIZE + 2012)) == HEADER_SIZE + 2012
+
+
+def test_parse_header_reads_the_fields():
+    header = parse_header(_raw(MsgType.KV_READY))
+    assert (header.msg_type, header.request_id, header.payload_len) == (MsgType.KV_READY, 1, 4)
+
+
+@pytest.mark.parametrize("build, reason", [
+    (lambda: Frame(-1, Cancel()), "request id"),
+    (lambda: Frame(2**64, Cancel()), "request id"),
+    (lambda: Frame(1, b"raw"), "must be a Message"),
+    (lambda: Tokens(Role.MAIN_DECODE, 0, (-1,)), "unsigned 32-bit"),
+    (lambda: Tokens(Role.MAIN_DECODE, 0, (2**32,)), "unsigned 32-bit"),
+    (lambda: Tokens(Role.MAIN_DECODE, 2**32 - 2, (1, 2)), "overflow u32"),
+    (lambda: Handoff(0, 0, (1,), final=1), "final must be a bool"),
+    (lambda: KvChunk(0, 70000, 0, 1, b""), "layer_end must be an unsigned 16-bit"),
+    (lambda: KvReady(True), "num_tokens must be an unsigned 32-bit int"),
+    (lambda: Request((1,), 0), "max_output_tokens must be >= 1"),
+    (lambda: Hello(Role.CLIENT, ""), "name must be a non-empty str"),
+    (lambda: Hello(Role.CLIENT, "c", {"x": object()}).encode(), "not JSON-serialisable"),
+])
+def test_messages_validate_fields_when_built(build, reason):
+    with pytest.raises(ProtocolError, match=reason):
+        build()
+
+
+def test_list_token_ids_are_stored_as_tuples():
+    assert Tokens(Role.PREFILL, 0, [1, 2]).token_ids == (1, 2)
+    assert Request([4, 5], 2).prompt_token_ids == (4, 5)

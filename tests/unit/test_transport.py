@@ -1,0 +1,289 @@
+"""PDD transport: TCP on loopback (127.0.0.1, port 0) and the in-memory fake, same tests.
+
+Every test that takes ``make_backend`` runs once per backend; ``test_fake_matches_tcp``
+also checks that both produce the same transcript for the same exchange.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+import pytest
+
+from testbed.errors import ProtocolError
+from testbed.pdd.fake_transport import FakeNetwork
+from testbed.pdd.protocol import (
+    MAX_FRAME_BYTES,
+    Done,
+    FinishReason,
+    Frame,
+    Health,
+    HealthAck,
+    Hello,
+    KvChunk,
+    Request,
+    Role,
+    Tokens,
+    encode_frame,
+)
+from testbed.pdd.transport import ConnectionClosed, TcpOptions, TcpTransport, Transport
+
+
+@dataclass
+class Backend:
+    server: Transport
+    client: Transport
+    host: str  # where the server binds
+
+
+def _backend(kind: str, max_frame_bytes: int = MAX_FRAME_BYTES, delay_s: float = 0.0) -> Backend:
+    if kind == "tcp":
+        options = TcpOptions(max_frame_bytes=max_frame_bytes, sndbuf_bytes=1 << 20,
+                             rcvbuf_bytes=1 << 20)
+        return Backend(TcpTransport(options), TcpTransport(options), "127.0.0.1")
+    net = FakeNetwork(delay_s=delay_s, max_frame_bytes=max_frame_bytes)
+    return Backend(net.host("srv"), net.host("cli"), "srv")
+
+
+@pytest.fixture(params=["tcp", "fake"])
+def make_backend(request):
+    return lambda **kw: _backend(request.param, **kw)
+
+
+def run(coro, timeout_s: float = 10.0):
+    return asyncio.run(asyncio.wait_for(coro, timeout_s))
+
+
+async def serve_requests(conn) -> None:
+    """A toy server: answers HEALTH, and each REQUEST with its prompt reversed, then DONE."""
+    while True:
+        frame = await conn.recv()
+        msg = frame.message
+        if isinstance(msg, Health):
+            await conn.send(Frame(0, HealthAck(msg.nonce, 1, 0)))
+        elif isinstance(msg, Request):
+            out = tuple(reversed(msg.prompt_token_ids))[: msg.max_output_tokens]
+            await conn.send(Frame(frame.request_id, Tokens(Role.MAIN_DECODE, 0, out)))
+            await conn.send(Frame(frame.request_id, Done(len(out), FinishReason.LENGTH)))
+
+
+async def ask(conn, request_id: int, prompt: tuple[int, ...]) -> list[Frame]:
+    await conn.send(Frame(request_id, Request(prompt, 8)))
+    return [await conn.recv(), await conn.recv()]
+
+
+async def malformed_then_good_exchange(backend: Backend) -> dict:
+    """Client A sends a malformed frame; B, connected before and after, is still served."""
+    async with await backend.server.serve(backend.host, 0, serve_requests) as listener:
+        b = await backend.client.connect(*listener.address)
+        a = await backend.client.connect(*listener.address)
+        await a.send(Frame(0, Hello(Role.CLIENT, "a")))
+        await a.send_raw(b"XX" + bytes(40))  # bad magic
+        with pytest.raises(ConnectionClosed):
+            await a.recv()
+        first = await ask(b, 1, (1, 2, 3))
+        c = await backend.client.connect(*listener.address)
+        await c.send(Frame(0, Health(nonce=9)))
+        health = await c.recv()
+        second = await ask(b, 2, (4, 5))
+        counters = (a.bytes_sent, b.bytes_sent, b.bytes_received, c.bytes_received)
+        for conn in (a, b, c):
+            conn.close()
+    return {"frames": first + [health] + second, "counters": counters}
+
+
+def test_server_drops_a_malformed_client_and_keeps_serving(make_backend, caplog):
+    caplog.set_level(logging.WARNING, logger="testbed.pdd.transport")
+    result = run(malformed_then_good_exchange(make_backend()))
+    assert [f.message for f in result["frames"]] == [
+        Tokens(Role.MAIN_DECODE, 0, (3, 2, 1)), Done(3, FinishReason.LENGTH),
+        HealthAck(9, 1, 0),
+        Tokens(Role.MAIN_DECODE, 0, (5, 4)), Done(2, FinishReason.LENGTH)]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert "protocol error" in warnings[0] and "bad magic b'XX'" in warnings[0]
+
+
+def test_fake_matches_tcp():
+    tcp = run(malformed_then_good_exchange(_backend("tcp")))
+    fake = run(malformed_then_good_exchange(_backend("fake")))
+    assert tcp == fake
+
+
+def test_oversized_frame_closes_only_that_connection(make_backend, caplog):
+    caplog.set_level(logging.WARNING, logger="testbed.pdd.transport")
+
+    async def scenario():
+        backend = make_backend(max_frame_bytes=4096)
+        async with await backend.server.serve(backend.host, 0, serve_requests) as listener:
+            big = await backend.client.connect(*listener.address)
+            good = await backend.client.connect(*listener.address)
+            huge = encode_frame(Frame(5, KvChunk(0, 1, 0, 1, bytes(10_000))))
+            with pytest.raises(ProtocolError, match="exceeds max_frame_bytes=4096"):
+                await big.send(Frame(5, KvChunk(0, 1, 0, 1, bytes(10_000))))
+            await big.send_raw(huge)  # bypass the local check: the server must refuse it
+            with pytest.raises(ConnectionClosed):
+                await big.recv()
+            async with big, good:
+                return await ask(good, 1, (7, 8))
+
+    frames = run(scenario())
+    assert frames[0].message.token_ids == (8, 7)
+    assert any("exceeds max_frame_bytes=4096" in r.getMessage() for r in caplog.records)
+
+
+def test_byte_counters_match_on_both_ends(make_backend):
+    async def scenario():
+        backend, server_side = make_backend(), []
+
+        async def handler(conn):
+            server_side.append(conn)
+            await serve_requests(conn)
+
+        async with await backend.server.serve(backend.host, 0, handler) as listener:
+            conn = await backend.client.connect(*listener.address)
+            await ask(conn, 1, tuple(range(1000)))
+            srv = server_side[0]
+            expected = len(encode_frame(Frame(1, Request(tuple(range(1000)), 8))))
+            assert conn.bytes_sent == srv.bytes_received == expected
+            assert conn.bytes_received == srv.bytes_sent
+            assert (conn.frames_sent, conn.frames_received) == (1, 2)
+            conn.close()
+
+    run(scenario())
+
+
+def test_peer_close_and_mid_frame_close(make_backend):
+    async def scenario():
+        backend, outcomes = make_backend(), {}
+
+        async def handler(conn):
+            first = await conn.recv()
+            try:
+                await conn.recv()
+            except (ConnectionClosed, ProtocolError) as err:
+                outcomes[first.request_id] = type(err)
+                raise
+
+        async with await backend.server.serve(backend.host, 0, handler) as listener:
+            clean = await backend.client.connect(*listener.address)
+            await clean.send(Frame(1, Health(1)))
+            clean.close()
+            with pytest.raises(ConnectionClosed):
+                await clean.send(Frame(1, Health(2)))
+            cut = await backend.client.connect(*listener.address)
+            await cut.send(Frame(2, Health(3)))
+            await cut.send_raw(encode_frame(Frame(2, Health(4)))[:10])
+            cut.close()
+            while len(outcomes) < 2:
+                await asyncio.sleep(0.01)
+        return outcomes
+
+    assert run(scenario()) == {1: ConnectionClosed, 2: ProtocolError}
+
+
+def test_concurrent_senders_never_interleave_frames(make_backend):
+    async def scenario():
+        backend, got = make_backend(), []
+
+        async def handler(conn):
+            while len(got) < 40:
+                got.append(await conn.recv())
+
+        async with await backend.server.serve(backend.host, 0, handler) as listener:
+            conn = await backend.client.connect(*listener.address)
+
+            async def sender(rid):
+                for i in range(10):
+                    await conn.send(Frame(rid, KvChunk(0, 1, i, i + 1, bytes([rid]) * 200_000)))
+
+            await asyncio.gather(*(sender(rid) for rid in range(4)))
+            while len(got) < 40:
+                await asyncio.sleep(0.01)
+            conn.close()
+        return got
+
+    got = run(scenario())
+    for rid in range(4):
+        mine = [f.message for f in got if f.request_id == rid]
+        assert [m.token_start for m in mine] == list(range(10))
+        assert all(m.data == bytes([rid]) * 200_000 for m in mine)
+
+
+def test_handler_bug_is_logged_and_other_connections_continue(make_backend, caplog):
+    async def scenario():
+        backend = make_backend()
+
+        async def handler(conn):
+            frame = await conn.recv()
+            if frame.request_id == 666:
+                raise RuntimeError("bug in role")
+            await serve_requests(conn)
+
+        async with await backend.server.serve(backend.host, 0, handler) as listener:
+            bad = await backend.client.connect(*listener.address)
+            await bad.send(Frame(666, Health(1)))
+            with pytest.raises(ConnectionClosed):
+                await bad.recv()
+            async with bad, await backend.client.connect(*listener.address) as good:
+                await good.send(Frame(1, Health(1)))
+                return await ask(good, 2, (1,))
+
+    assert run(scenario())[1].message == Done(1, FinishReason.LENGTH)
+    assert any("handler failed" in r.getMessage() and r.exc_info for r in caplog.records)
+
+
+def test_listener_close_ends_live_connections(make_backend):
+    async def scenario():
+        backend = make_backend()
+        listener = await backend.server.serve(backend.host, 0, serve_requests)
+        conn = await backend.client.connect(*listener.address)
+        await ask(conn, 1, (1,))
+        listener.close()
+        await listener.wait_closed()
+        with pytest.raises(ConnectionClosed):
+            await conn.recv()
+        conn.close()
+        with pytest.raises(OSError):
+            await backend.client.connect(*listener.address)
+
+    run(scenario())
+
+
+def test_fake_delay_applies_per_direction_and_keeps_order():
+    async def scenario():
+        net = FakeNetwork()
+        net.set_delay("cli", "srv", 0.05)
+        net.set_delay("srv", "cli", 0.02)
+        listener = await net.host("srv").serve("srv", 0, serve_requests)
+        t0 = time.monotonic()
+        conn = await net.host("cli").connect(*listener.address)
+        connect_s = time.monotonic() - t0
+        t0 = time.monotonic()
+        answers = [await ask(conn, rid, (rid + 1,)) for rid in range(3)]
+        rtt_s = (time.monotonic() - t0) / 3
+        conn.close()
+        listener.close()
+        return connect_s, rtt_s, answers
+
+    connect_s, rtt_s, answers = run(scenario())
+    assert 0.07 <= connect_s < 0.2 and 0.07 <= rtt_s < 0.2
+    assert [a[0].message.token_ids for a in answers] == [(1,), (2,), (3,)]
+
+
+def test_fake_refuses_unknown_and_foreign_addresses():
+    async def scenario():
+        net = FakeNetwork()
+        with pytest.raises(ConnectionRefusedError):
+            await net.host("cli").connect("srv", 1234)
+        with pytest.raises(OSError, match="cannot bind"):
+            await net.host("cli").serve("srv", 0, serve_requests)
+        listener = await net.host("srv").serve("0.0.0.0", 7000, serve_requests)
+        assert listener.address == ("srv", 7000)
+        with pytest.raises(OSError, match="in use"):
+            await net.host("srv").serve("srv", 7000, serve_requests)
+
+    run(scenario())
