@@ -220,17 +220,21 @@ class _TcpStream(asyncio.Protocol):
     pauses the socket while more than ``recv_queue_bytes`` wait, and tracks write
     flow control for ``drain``."""
 
-    def __init__(self, recv_queue_bytes: int):
+    def __init__(self, recv_queue_bytes: int,
+                 on_connected: Callable[[_TcpStream], None] | None = None):
         self.transport: asyncio.Transport | None = None
+        self._on_connected = on_connected
         self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._chunks: deque[bytes] = deque()
         self._queued, self._limit = 0, recv_queue_bytes
         self._ended, self._error = False, None
         self._reading_paused = self._writing_paused = False
-        self._wakeup: asyncio.Future[None] | None = None
+        self._waiters: set[asyncio.Future[None]] = set()  # a reader and/or a drainer
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        if self._on_connected is not None:
+            self._on_connected(self)
 
     def data_received(self, data: bytes) -> None:
         self._chunks.append(data)
@@ -281,15 +285,18 @@ class _TcpStream(asyncio.Protocol):
             await self._wait()
 
     async def _wait(self) -> None:
-        self._wakeup = asyncio.get_running_loop().create_future()
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.add(waiter)
         try:
-            await self._wakeup
+            await waiter
         finally:
-            self._wakeup = None
+            self._waiters.discard(waiter)
 
     def _wake(self) -> None:
-        if self._wakeup is not None and not self._wakeup.done():
-            self._wakeup.set_result(None)
+        """Wake every waiter; each re-checks its own condition."""
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
 
 class TcpConnection(Connection):
@@ -344,14 +351,9 @@ class TcpListener(Listener):
         return self._address
 
     def _new_stream(self) -> _TcpStream:
-        stream = _TcpStream(self._options.recv_queue_bytes)
-        loop = asyncio.get_running_loop()
-        loop.call_soon(self._accept, stream)  # after connection_made has run
-        return stream
+        return _TcpStream(self._options.recv_queue_bytes, on_connected=self._accept)
 
     def _accept(self, stream: _TcpStream) -> None:
-        if stream.transport is None or stream.lost.done():
-            return
         conn = TcpConnection(stream, self._options)
         task = asyncio.get_running_loop().create_task(run_handler(self, conn, self._handler))
         self._tasks.add(task)

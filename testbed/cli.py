@@ -1,0 +1,170 @@
+"""Command line: argument parsing and exit codes only.
+
+Exit codes: 0 success; 1 a check or expectation failed (calibrate out of
+tolerance); 2 bad input (SpecError), a failed emulation, or missing
+privileges/tools; 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from testbed.errors import SpecError, TestbedError
+
+DEFAULT_TOPOLOGY = "topologies/two-dc.yaml"
+
+
+def _backend(value: str):
+    from testbed.net.shaping import Backend
+
+    return None if value == "auto" else Backend(value)
+
+
+def _load_topology(args):
+    from testbed.spec.topology import load_topology
+
+    topo = load_topology(args.topology)
+    changes = {}
+    if getattr(args, "wan_rate_gbit", None) is not None:
+        changes["rate_gbit"] = args.wan_rate_gbit
+    if getattr(args, "wan_rtt_ms", None) is not None:
+        changes["delay_ms"] = args.wan_rtt_ms / 2
+    if getattr(args, "wan_loss_pct", None) is not None:
+        from testbed.spec.link import LossSpec
+        changes["loss"] = LossSpec("random", pct=args.wan_loss_pct)
+    return topo.with_wan(**changes) if changes else topo
+
+
+def cmd_validate(args) -> int:
+    from testbed.spec.reader import load_yaml
+    from testbed.spec.topology import parse_topology
+
+    for path in args.files:
+        data = load_yaml(path)
+        if isinstance(data, dict) and "datacenters" in data:
+            topo = parse_topology(data, path)
+            print(f"{path}: topology {topo.name!r} ok: {len(topo.hosts)} hosts, WAN "
+                  f"{topo.wan.a_to_b.rate_gbit:g}/{topo.wan.b_to_a.rate_gbit:g} Gbit/s, "
+                  f"RTT {topo.wan.rtt_ms:g} ms")
+        else:
+            raise SpecError(path, "", "a topology (with 'datacenters')", "another document")
+    return 0
+
+
+def cmd_plan(args) -> int:
+    from testbed.net.apply import plan_json
+    from testbed.net.build import make_plan
+    from testbed.net.shaping import Backend
+
+    backend = _backend(args.backend) or Backend.USERSPACE
+    plan = make_plan(_load_topology(args), backend, args.scale, prefix="tb0000")
+    print(f"# backend {backend.value}, scale k={plan.scale:g}, {len(plan.steps)} steps")
+    print(plan_json(plan))
+    return 0
+
+
+def cmd_check(args) -> int:
+    from testbed.net.check import format_check, run_check
+
+    report = run_check(args.topology, measure=not args.no_measure, backend=_backend(args.backend))
+    print(json.dumps(report.as_dict(), indent=1) if args.json else format_check(report))
+    return 0
+
+
+def cmd_calibrate(args) -> int:
+    from testbed.net.build import open_network
+    from testbed.net.calibrate import (CalibrateOptions, calibrate, results_json,
+                                       results_table)
+
+    topo = _load_topology(args)
+    opts = CalibrateOptions(links=tuple(args.links) if args.links else None)
+    with open_network(topo, _backend(args.backend), args.scale, args.seed) as net:
+        results = calibrate(net, opts)
+        out = results_json(net, results)
+        text = json.dumps(out, indent=1) if args.json else results_table(net, results)
+    print(text)
+    return 0 if out["passed"] else 1
+
+
+def cmd_shell(args) -> int:
+    from testbed.net.build import open_network
+    from testbed.net.shell import run_shell
+
+    with open_network(_load_topology(args), _backend(args.backend), args.scale) as net:
+        run_shell(net)
+    return 0
+
+
+def cmd_clean(args) -> int:
+    from testbed.net.registry import clean_stale
+
+    done = clean_stale(include_live=args.all)
+    for prefix, failures in done:
+        print(f"{prefix}: " + ("removed" if not failures else "; ".join(failures)))
+    if not done:
+        print("nothing to clean")
+    return 1 if any(f for _, f in done) else 0
+
+
+def _net_args(p, topology: bool = True) -> None:
+    if topology:
+        p.add_argument("topology", nargs="?", default=DEFAULT_TOPOLOGY)
+    p.add_argument("--backend", choices=("auto", "netem", "userspace"), default="auto")
+    p.add_argument("--scale", type=float, default=None, help="bandwidth scale k (default: auto)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="testbed", description=__doc__.splitlines()[0])
+    ap.add_argument("-v", "--verbose", action="store_true")
+    sub = ap.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("validate", help="check YAML files (no root)")
+    p.add_argument("files", nargs="+")
+    p.set_defaults(func=cmd_validate)
+    p = sub.add_parser("plan", help="print the network plan of a topology (no root)")
+    _net_args(p)
+    p.set_defaults(func=cmd_plan)
+    p = sub.add_parser("check", help="kernel features, tools, backend and its capacity")
+    _net_args(p)
+    p.add_argument("--no-measure", action="store_true", help="skip the capacity measurement")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_check)
+    p = sub.add_parser("calibrate", help="measure each link against its configuration")
+    _net_args(p)
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--links", nargs="*", help="e.g. wan host:p1 (default: all)")
+    p.add_argument("--wan-rate-gbit", type=float)
+    p.add_argument("--wan-rtt-ms", type=float)
+    p.add_argument("--wan-loss-pct", type=float)
+    p.set_defaults(func=cmd_calibrate)
+    p = sub.add_parser("shell", help="Mininet CLI on the emulated network")
+    _net_args(p)
+    p.set_defaults(func=cmd_shell)
+    p = sub.add_parser("clean", help="remove what dead testbed runs left (state files only)")
+    p.add_argument("--all", action="store_true", help="also runs whose owner is alive")
+    p.set_defaults(func=cmd_clean)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return args.func(args)
+    except SpecError as e:
+        print(f"testbed: invalid input: {e}", file=sys.stderr)
+        return 2
+    except TestbedError as e:
+        print(f"testbed: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("testbed: interrupted; the network was torn down", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

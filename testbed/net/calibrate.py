@@ -1,0 +1,207 @@
+"""Calibration: what each link achieves against what it was configured for.
+
+Owns ``calibrate``: with the network up, it measures every link (or the
+ones asked for) with independent tools run inside the namespaces - ping for
+RTT, iperf3 TCP for rate, iperf3 UDP for one-way loss - and compares with
+the plan: emulated rate = nominal/k (TCP goodput is expected at
+GOODPUT_SHARE of it: Ethernet+IP+TCP-with-timestamps headers at 1500 MTU),
+RTT = sum of one-way delays, loss = configured mean. Each figure gets an
+error and a pass/fail against the link's stated tolerance.
+
+Parsing of tool output is pure (``parse_ping``, ``parse_iperf``) and unit
+tested; measuring needs a built EmulatedNetwork.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import asdict, dataclass, field
+
+from testbed.errors import EmulationError
+from testbed.net.shaping import Backend
+from testbed.spec.topology import Role, gateway_name
+
+GOODPUT_SHARE = 1448 / 1514  # TCP payload per wire byte (MSS 1448, 66 header bytes)
+RATE_TOL = {"wan": 0.05, "intra": 0.10}  # htb: 1-7% at 10 Gbit/s, tighter below 5
+RTT_TOL_MS = 2.0
+LOSS_TOL_PTS = 0.3
+IPERF_PORT = 5201
+
+
+@dataclass
+class Check:
+    name: str
+    configured: float
+    measured: float | None
+    unit: str
+    tolerance: float        # absolute, in unit
+    passed: bool | None = None
+
+    def judge(self) -> "Check":
+        self.passed = None if self.measured is None else \
+            abs(self.measured - self.configured) <= self.tolerance
+        return self
+
+    @property
+    def error(self) -> float | None:
+        return None if self.measured is None else self.measured - self.configured
+
+
+@dataclass
+class LinkResult:
+    link: str
+    src: str
+    dst: str
+    nominal_rate_gbit: float
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return all(c.passed is not False for c in self.checks)
+
+
+_PING_RE = re.compile(r"= ([\d.]+)/([\d.]+)/([\d.]+)/([\d.]+) ms")
+_PING_LOSS_RE = re.compile(r"(\d+) packets transmitted, (\d+) received")
+
+
+def parse_ping(text: str) -> dict:
+    """min/avg/max/mdev RTT (ms) and counts from ping's summary."""
+    m, c = _PING_RE.search(text), _PING_LOSS_RE.search(text)
+    if not m or not c:
+        raise EmulationError(f"cannot parse ping output: {text[-300:]!r}")
+    lo, avg, hi, mdev = map(float, m.groups())
+    return {"min_ms": lo, "avg_ms": avg, "max_ms": hi, "mdev_ms": mdev,
+            "sent": int(c.group(1)), "received": int(c.group(2))}
+
+
+def parse_iperf(text: str) -> dict:
+    """Rate (bit/s), and for UDP the loss, from iperf3 -J output."""
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError:
+        raise EmulationError(f"iperf3 gave no JSON: {text[-300:]!r}") from None
+    if "error" in doc:
+        raise EmulationError(f"iperf3: {doc['error']}")
+    end = doc["end"]
+    if doc["start"]["test_start"]["protocol"] == "TCP":
+        return {"bps": end["sum_received"]["bits_per_second"],
+                "retransmits": end.get("sum_sent", {}).get("retransmits")}
+    s = end.get("sum_received") or end["sum"]  # receiver's view when iperf3 has it
+    return {"bps": s["bits_per_second"], "lost_pct": s["lost_percent"],
+            "packets": s["packets"], "lost": s["lost_packets"]}
+
+
+def _ping(net, src: str, dst_ip: str, count: int, interval: float) -> dict:
+    net.run(src, ["ping", "-c", "2", "-i", "0.2", "-W", "2", dst_ip], timeout=15)  # ARP warm-up
+    r = net.run(src, ["ping", "-q", "-c", str(count), "-i", str(interval), "-W", "3", dst_ip],
+                timeout=count * interval + 30)
+    return parse_ping(r.stdout)
+
+
+def run_iperf(net, src: str, dst: str, dst_ip: str, args: list[str], seconds: float) -> dict:
+    server = net.popen(dst, ["iperf3", "-s", "-1", "-p", str(IPERF_PORT)], what="iperf3 server")
+    try:
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:  # wait until the server listens
+            r = net.run(dst, ["ss", "-ltnH", f"sport = :{IPERF_PORT}"], timeout=5)
+            if r.stdout.strip():
+                break
+            time.sleep(0.05)
+        r = net.run(src, ["iperf3", "-c", dst_ip, "-p", str(IPERF_PORT), "-J"] + args,
+                    timeout=seconds + 30)
+        return parse_iperf(r.stdout)
+    finally:
+        from testbed.net.registry import stop_process
+        stop_process(server.pid, None, timeout_s=1.0)
+
+
+def _measure(net, link: str, src: str, dst: str, dst_ip: str, fwd: str, rev: str,
+             opts: "CalibrateOptions") -> LinkResult:
+    ab, ba = net.channels[fwd], net.channels[rev]
+    kind = "wan" if link == "wan" else "intra"
+    res = LinkResult(link, src, dst, ab.spec.rate_gbit)
+    ping = _ping(net, src, dst_ip, opts.ping_count, opts.ping_interval_s)
+    rtt_cfg = ab.spec.delay_ms + ba.spec.delay_ms
+    if net.plan.backend is Backend.USERSPACE and kind == "intra":
+        rtt_cfg = 0.0  # µs delays are below the userspace backend's resolution
+    res.checks.append(Check("rtt_ms", rtt_cfg, ping["avg_ms"], "ms", RTT_TOL_MS).judge())
+    secs = opts.seconds if kind == "wan" else opts.seconds_intra
+    for name, ch, extra in (("rate_fwd_mbit", ab, []), ("rate_rev_mbit", ba, ["-R"])):
+        r = run_iperf(net, src, dst, dst_ip, ["-t", str(secs), "-O", str(opts.omit_s)] + extra, secs)
+        want = ch.htb.rate_bps * GOODPUT_SHARE / 1e6
+        res.checks.append(Check(name, want, r["bps"] / 1e6, "Mbit/s",
+                                want * RATE_TOL[kind]).judge())
+    if kind == "wan" and opts.loss:
+        for name, ch, extra in (("loss_fwd_pct", ab, []), ("loss_rev_pct", ba, ["-R"])):
+            bw = min(50e6, ch.htb.rate_bps * 0.2)
+            r = run_iperf(net, src, dst, dst_ip, ["-u", "-b", str(int(bw)), "-l", "1200", "-t",
+                                               str(opts.loss_seconds)] + extra, opts.loss_seconds)
+            res.checks.append(Check(name, ch.spec.loss.mean_pct, r["lost_pct"], "%",
+                                    LOSS_TOL_PTS).judge())
+    return res
+
+
+@dataclass(frozen=True)
+class CalibrateOptions:
+    links: tuple[str, ...] | None = None  # None: every link
+    seconds: float = 6.0        # WAN iperf3 TCP duration
+    omit_s: float = 2.0         # slow start left out of the WAN figure
+    seconds_intra: float = 2.0
+    ping_count: int = 100
+    ping_interval_s: float = 0.01
+    loss: bool = True
+    loss_seconds: float = 2.0
+
+
+def pick_host(topo, dc, roles: tuple[Role, ...]) -> str:
+    for role in roles:
+        for h in dc.hosts:
+            if role in h.roles:
+                return h.name
+    return dc.hosts[0].name
+
+
+def calibrate(net, opts: CalibrateOptions = CalibrateOptions()) -> list[LinkResult]:
+    """Measure the WAN (between cross-traffic hosts) and every host link."""
+    topo = net.plan.topology
+    a, b = topo.datacenters
+    results = []
+    want = set(opts.links) if opts.links else None
+    if want is None or "wan" in want:
+        src = pick_host(topo, a, (Role.CROSS_TRAFFIC, Role.PREFILL))
+        dst = pick_host(topo, b, (Role.CROSS_TRAFFIC, Role.MAIN_DECODE))
+        results.append(_measure(net, "wan", src, dst, net.ip(dst), "wan/a>b", "wan/b>a", opts))
+    for dc in topo.datacenters:
+        gw = gateway_name(dc.name)
+        for h in dc.hosts:
+            link = f"host:{h.name}"
+            if want is None or link in want:
+                results.append(_measure(net, link, h.name, gw, dc.gateway_ip,
+                                        f"{link}/up", f"{link}/down", opts))
+    return results
+
+
+def results_json(net, results: list[LinkResult]) -> dict:
+    return {"topology": net.plan.topology.name, "backend": net.plan.backend.value,
+            "scale": net.plan.scale, "passed": all(r.passed for r in results),
+            "links": [dict(asdict(r), passed=r.passed) for r in results]}
+
+
+def results_table(net, results: list[LinkResult]) -> str:
+    lines = [f"topology {net.plan.topology.name}  backend {net.plan.backend.value}  "
+             f"scale k={net.plan.scale:g} (emulated rate = nominal/k)",
+             f"{'link':<14} {'check':<14} {'configured':>11} {'measured':>10} {'error':>9} "
+             f"{'tol':>8}  ok"]
+    for r in results:
+        for c in r.checks:
+            m = "-" if c.measured is None else f"{c.measured:.3f}"
+            e = "-" if c.error is None else f"{c.error:+.3f}"
+            ok = {True: "ok", False: "FAIL", None: "?"}[c.passed]
+            lines.append(f"{r.link:<14} {c.name:<14} {c.configured:>11.3f} {m:>10} {e:>9} "
+                         f"{c.tolerance:>8.3f}  {ok}   [{c.unit}; nominal {r.nominal_rate_gbit:g}"
+                         f" Gbit/s]" if c.name.startswith("rate") else
+                         f"{r.link:<14} {c.name:<14} {c.configured:>11.3f} {m:>10} {e:>9} "
+                         f"{c.tolerance:>8.3f}  {ok}   [{c.unit}]")
+    return "\n".join(lines)
