@@ -249,6 +249,16 @@ class EmulatedNetwork:
         self.delay_lines[ch.id] = sock
 
 
+def wait_listening(net: EmulatedNetwork, node: str, port: int, timeout_s: float = 5.0) -> None:
+    """Wait until a TCP server listens on ``port`` inside ``node``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if net.run(node, ["ss", "-ltnH", f"sport = :{port}"], timeout=5).stdout.strip():
+            return
+        time.sleep(0.05)
+    raise EmulationError(f"nothing listens on port {port} in {node} after {timeout_s} s")
+
+
 def _wait_ready(proc: subprocess.Popen, what: str) -> None:
     """Wait for the child's 'ready' line; fail the build if it dies or hangs."""
     import select

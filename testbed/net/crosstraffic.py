@@ -17,10 +17,10 @@ Example::
 from __future__ import annotations
 
 import itertools
-import time
 from dataclasses import dataclass
 
 from testbed.errors import EmulationError
+from testbed.net.apply import wait_listening
 from testbed.net.registry import stop_process
 from testbed.spec.topology import Role
 
@@ -61,7 +61,7 @@ def start_cross_traffic(net, n_flows: int, direction: str = "a>b",
     src, dst = _endpoints(net, direction)
     port = next(_ports)
     server = net.popen(dst, ["iperf3", "-s", "-1", "-p", str(port)], what="iperf3 server")
-    time.sleep(0.2)
+    wait_listening(net, dst, port)
     client = net.popen(src, ["iperf3", "-c", net.ip(dst), "-p", str(port), "-P", str(n_flows),
                              "-t", str(int(duration_s)), "-i", "0"], what="iperf3 client")
     net.events.record("cross_traffic_start", n_flows=n_flows, direction=direction,

@@ -75,6 +75,17 @@ def pid_start_time(pid: int) -> int | None:
     return int(stat.rsplit(")", 1)[1].split()[19])
 
 
+def process_alive(pid: int, start_time: int | None) -> bool:
+    """True if ``pid`` runs (not a zombie) and, if given, has ``start_time``."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return False
+    if fields[0] == "Z":
+        return False
+    return start_time is None or int(fields[19]) == start_time
+
+
 def boot_id() -> str:
     try:
         return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
@@ -83,4 +94,4 @@ def boot_id() -> str:
 
 
 __all__ = ["STATE_DIR", "new_run_prefix", "switch_name", "switch_port", "state_file",
-           "socket_dir", "pid_start_time", "boot_id", "WAN_NODE", "WAN_BRIDGE"]
+           "socket_dir", "pid_start_time", "process_alive", "boot_id", "WAN_NODE", "WAN_BRIDGE"]

@@ -63,13 +63,7 @@ def _reap(pid: int) -> bool:
             return True
     except ChildProcessError:
         pass
-    stat = naming.pid_start_time(pid)
-    if stat is None:
-        return True
-    try:  # a zombie that is not our child counts as gone
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
+    return not naming.process_alive(pid, None)  # a zombie of another parent counts as gone
 
 
 def delete_root_link(name: str) -> bool:

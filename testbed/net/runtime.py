@@ -123,6 +123,12 @@ def link_up(net, link: str) -> None:
     _set_state(net, link, "up")
 
 
+def channel_counter(net, cid: str) -> dict:
+    """Bytes/packets/drops sent so far on one channel (htb class stats)."""
+    ch = net.channels[cid]
+    return tc.class_stats(net.ipr(ch.node), net.ifindex(ch.node, ch.dev))
+
+
 def channel_counters(net) -> dict[str, dict]:
     """Bytes/packets/drops sent so far on every channel (htb class stats)."""
     return {cid: tc.class_stats(net.ipr(ch.node), net.ifindex(ch.node, ch.dev))

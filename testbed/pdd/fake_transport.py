@@ -172,7 +172,10 @@ class FakeNetwork:
 
 
 class FakeTransport(Transport):
-    """Host ``name``'s view of a ``FakeNetwork``: ``serve`` binds there, ``connect`` starts there."""
+    """Host ``name``'s view of a ``FakeNetwork``: ``serve`` binds there, ``connect`` leaves there.
+
+    Example: ``conn = await net.host("p").connect("md", 7000)``.
+    """
 
     def __init__(self, network: FakeNetwork, name: str):
         self.network, self.name = network, name

@@ -86,7 +86,8 @@ class Hello(Message):
             raise wire.fail(self.MSG_TYPE, f"info must be a dict, got {self.info!r}")
 
     def encode(self) -> bytes:
-        return wire.dump_json(self.MSG_TYPE, {"role": self.role.name, "name": self.name, "info": self.info})
+        obj = {"role": self.role.name, "name": self.name, "info": self.info}
+        return wire.dump_json(self.MSG_TYPE, obj)
 
     @classmethod
     def decode(cls, payload: bytes) -> Hello:
@@ -100,7 +101,10 @@ class Hello(Message):
 
 @dataclass(frozen=True)
 class Request(Message):
-    """A prompt to serve. ``Request((1, 2, 3), max_output_tokens=16, metadata={"session": "s1"})``."""
+    """A prompt to serve.
+
+    Example: ``Request((1, 2, 3), max_output_tokens=16, metadata={"session": "s1"})``.
+    """
 
     MSG_TYPE: ClassVar[MsgType] = MsgType.REQUEST
     LAYOUT: ClassVar[struct.Struct] = struct.Struct("!II")
@@ -128,7 +132,8 @@ class Request(Message):
     def decode(cls, payload: bytes) -> Request:
         (max_out, n_prompt), rest = wire.split(cls.MSG_TYPE, cls.LAYOUT, payload)
         if len(rest) < 4 * n_prompt:
-            raise wire.fail(cls.MSG_TYPE, f"{n_prompt} prompt ids announced, {len(rest)} bytes left")
+            raise wire.fail(cls.MSG_TYPE,
+                            f"{n_prompt} prompt ids announced, {len(rest)} bytes left")
         ids = wire.unpack_u32s(cls.MSG_TYPE, rest[: 4 * n_prompt])
         return cls(ids, max_out, wire.load_json(cls.MSG_TYPE, rest[4 * n_prompt:]))
 
@@ -273,7 +278,10 @@ class KvReady(_Fixed):
 
 @dataclass(frozen=True)
 class Done(_Fixed):
-    """The request is finished: ``Done(num_output_tokens=16, finish_reason=FinishReason.LENGTH)``."""
+    """The request is finished.
+
+    Example: ``Done(num_output_tokens=16, finish_reason=FinishReason.LENGTH)``.
+    """
 
     MSG_TYPE: ClassVar[MsgType] = MsgType.DONE
     LAYOUT: ClassVar[struct.Struct] = struct.Struct("!IB")

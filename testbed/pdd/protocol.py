@@ -32,7 +32,7 @@ import zlib
 from dataclasses import dataclass
 
 from testbed.errors import ProtocolError
-from testbed.pdd.messages import (  # noqa: F401  (re-exported)
+from testbed.pdd.messages import (
     MESSAGE_CLASSES,
     Cancel,
     Done,
@@ -50,7 +50,15 @@ from testbed.pdd.messages import (  # noqa: F401  (re-exported)
     Tokens,
     decode_payload,
 )
-from testbed.pdd.wire import ErrorCode, FinishReason, MsgType, Role  # noqa: F401
+from testbed.pdd.wire import ErrorCode, FinishReason, MsgType, Role
+
+__all__ = [  # framing, plus the payload classes and wire enums it re-exports
+    "HEADER_SIZE", "MAGIC", "MAX_FRAME_BYTES", "VERSION", "Frame", "FrameDecoder",
+    "FrameHeader", "decode_frame_body", "encode_frame", "parse_header",
+    "MESSAGE_CLASSES", "Message", "decode_payload", "Cancel", "Done", "Error", "Handoff",
+    "HandoffAck", "Health", "HealthAck", "Hello", "KvChunk", "KvDone", "KvReady",
+    "Request", "Tokens", "ErrorCode", "FinishReason", "MsgType", "Role",
+]
 
 MAGIC = b"PD"
 VERSION = 1

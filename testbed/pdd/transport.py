@@ -2,8 +2,9 @@
 
 Owns ``Connection`` (send/recv whole ``Frame``s, byte counters, close),
 ``Listener``, the ``Transport`` factory interface (``serve`` / ``connect``),
-the TCP backend (``TcpTransport`` and the module-level ``serve`` /
-``connect``) and the per-connection handler wrapper shared with the in-memory
+the TCP backend (``TcpTransport``, ``TcpOptions`` and the module-level
+``serve`` / ``connect``; its asyncio protocol is ``tcp_stream.py``) and the
+per-connection handler wrapper shared with the in-memory
 fake (``fake_transport.py``). Roles are written against ``Transport`` and
 ``Connection`` only, so the same code runs on loopback, in network
 namespaces, and over the fake in unit tests.
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 
 from testbed.errors import ProtocolError, TestbedError
 from testbed.pdd.protocol import MAX_FRAME_BYTES, Frame, FrameDecoder, encode_frame
+from testbed.pdd.tcp_stream import TcpStream
 
 log = logging.getLogger(__name__)
 
@@ -215,94 +217,10 @@ def _apply_buffer_sizes(sock: socket.socket, options: TcpOptions) -> None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, options.rcvbuf_bytes)
 
 
-class _TcpStream(asyncio.Protocol):
-    """asyncio protocol under a TcpConnection: queues received chunks without copying,
-    pauses the socket while more than ``recv_queue_bytes`` wait, and tracks write
-    flow control for ``drain``."""
-
-    def __init__(self, recv_queue_bytes: int,
-                 on_connected: Callable[[_TcpStream], None] | None = None):
-        self.transport: asyncio.Transport | None = None
-        self._on_connected = on_connected
-        self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._chunks: deque[bytes] = deque()
-        self._queued, self._limit = 0, recv_queue_bytes
-        self._ended, self._error = False, None
-        self._reading_paused = self._writing_paused = False
-        self._waiters: set[asyncio.Future[None]] = set()  # a reader and/or a drainer
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-        if self._on_connected is not None:
-            self._on_connected(self)
-
-    def data_received(self, data: bytes) -> None:
-        self._chunks.append(data)
-        self._queued += len(data)
-        if self._queued > self._limit and not self._reading_paused:
-            self._reading_paused = True
-            self.transport.pause_reading()
-        self._wake()
-
-    def eof_received(self) -> bool:
-        self._ended = True
-        self._wake()
-        return False  # close our side too
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._ended, self._error = True, exc
-        if not self.lost.done():
-            self.lost.set_result(None)
-        self._wake()
-
-    def pause_writing(self) -> None:
-        self._writing_paused = True
-
-    def resume_writing(self) -> None:
-        self._writing_paused = False
-        self._wake()
-
-    async def read(self) -> bytes:
-        """The oldest received chunk; b"" at end of stream; OSError if it was reset."""
-        while not self._chunks:
-            if self._ended:
-                if self._error is not None:
-                    raise ConnectionResetError(f"connection lost: {self._error}")
-                return b""
-            await self._wait()
-        chunk = self._chunks.popleft()
-        self._queued -= len(chunk)
-        if self._reading_paused and self._queued <= self._limit // 2:
-            self._reading_paused = False
-            self.transport.resume_reading()
-        return chunk
-
-    async def drain(self) -> None:
-        """Wait while the transport's write buffer is over its high-water mark."""
-        while self._writing_paused:
-            if self.lost.done():
-                raise ConnectionResetError("connection lost while sending")
-            await self._wait()
-
-    async def _wait(self) -> None:
-        waiter = asyncio.get_running_loop().create_future()
-        self._waiters.add(waiter)
-        try:
-            await waiter
-        finally:
-            self._waiters.discard(waiter)
-
-    def _wake(self) -> None:
-        """Wake every waiter; each re-checks its own condition."""
-        for waiter in self._waiters:
-            if not waiter.done():
-                waiter.set_result(None)
-
-
 class TcpConnection(Connection):
-    """A ``Connection`` over one TCP socket (an asyncio transport + ``_TcpStream``)."""
+    """A ``Connection`` over one TCP socket (an asyncio transport + ``TcpStream``)."""
 
-    def __init__(self, stream: _TcpStream, options: TcpOptions):
+    def __init__(self, stream: TcpStream, options: TcpOptions):
         transport = stream.transport
         peer = transport.get_extra_info("peername")
         super().__init__(f"{peer[0]}:{peer[1]}" if peer else "?", options.max_frame_bytes)
@@ -314,6 +232,11 @@ class TcpConnection(Connection):
     @property
     def local_address(self) -> tuple[str, int]:
         return self._transport.get_extra_info("sockname")[:2]
+
+    @property
+    def sock(self) -> socket.socket:
+        """The socket, for inspection only (``getsockopt``: buffer sizes, TCP_INFO)."""
+        return self._transport.get_extra_info("socket")
 
     async def _write(self, data: bytes) -> None:
         if self._transport.is_closing():
@@ -350,10 +273,10 @@ class TcpListener(Listener):
     def address(self) -> tuple[str, int]:
         return self._address
 
-    def _new_stream(self) -> _TcpStream:
-        return _TcpStream(self._options.recv_queue_bytes, on_connected=self._accept)
+    def _new_stream(self) -> TcpStream:
+        return TcpStream(self._options.recv_queue_bytes, on_connected=self._accept)
 
-    def _accept(self, stream: _TcpStream) -> None:
+    def _accept(self, stream: TcpStream) -> None:
         conn = TcpConnection(stream, self._options)
         task = asyncio.get_running_loop().create_task(run_handler(self, conn, self._handler))
         self._tasks.add(task)
@@ -372,7 +295,10 @@ class TcpListener(Listener):
 
 
 class TcpTransport(Transport):
-    """Real TCP. ``await TcpTransport(TcpOptions(rcvbuf_bytes=8 << 20)).connect("10.0.0.2", 7000)``."""
+    """Real TCP, with the same options on every socket it makes.
+
+    Example: ``await TcpTransport(TcpOptions(rcvbuf_bytes=8 << 20)).connect("10.0.0.2", 7000)``.
+    """
 
     def __init__(self, options: TcpOptions | None = None):
         self.options = options or TcpOptions()
@@ -404,7 +330,7 @@ class TcpTransport(Transport):
             await asyncio.wait_for(loop.sock_connect(sock, infos[0][4]),
                                    self.options.connect_timeout_s)
             _, stream = await loop.create_connection(
-                lambda: _TcpStream(self.options.recv_queue_bytes), sock=sock)
+                lambda: TcpStream(self.options.recv_queue_bytes), sock=sock)
         except BaseException:
             sock.close()
             raise

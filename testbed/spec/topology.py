@@ -183,25 +183,25 @@ def _parse_wan(f: Fields) -> WanSpec:
 
 
 def _check_unique(f: Fields, dcs: list[DatacenterSpec], wan: WanSpec) -> None:
-    names: dict[str, str] = {}
-    ips: dict[str, str] = {}
-    for i, dc in enumerate(dcs):
-        for j, h in enumerate(dc.hosts):
-            where = f"datacenters[{i}].hosts[{j}]"
-            if h.name in names or h.name in RESERVED_NAMES or h.name in \
-                    [gateway_name(d.name) for d in dcs]:
-                raise SpecError(f.file, where + ".name", "a host name not used elsewhere "
-                                f"(reserved: wan, gw<dc>)", h.name)
-            names[h.name] = where
-            if h.ip in ips:
-                raise SpecError(f.file, where + ".ip", f"an address not used by {ips[h.ip]}", h.ip)
-            ips[h.ip] = where
-    nets = [("wan.subnet", ipaddress.ip_network(wan.subnet))] + [
-        (f"datacenters[{i}].subnet", ipaddress.ip_network(d.subnet)) for i, d in enumerate(dcs)]
+    nets = [(f"datacenters[{i}].subnet", ipaddress.ip_network(d.subnet))
+            for i, d in enumerate(dcs)] + [("wan.subnet", ipaddress.ip_network(wan.subnet))]
     for i, (pa, na) in enumerate(nets):
         for pb, nb in nets[i + 1:]:
             if na.overlaps(nb):
                 raise SpecError(f.file, pb, f"a subnet not overlapping {pa} ({na})", str(nb))
+    names: dict[str, str] = {}
+    ips: dict[str, str] = {}
+    reserved = set(RESERVED_NAMES) | {gateway_name(d.name) for d in dcs}
+    for i, dc in enumerate(dcs):
+        for j, h in enumerate(dc.hosts):
+            where = f"datacenters[{i}].hosts[{j}]"
+            if h.name in names or h.name in reserved:
+                raise SpecError(f.file, where + ".name", "a host name not used elsewhere "
+                                "(reserved: wan, gw<dc>)", h.name)
+            names[h.name] = where
+            if h.ip in ips:
+                raise SpecError(f.file, where + ".ip", f"an address not used by {ips[h.ip]}", h.ip)
+            ips[h.ip] = where
 
 
 def _check_roles(file: str, dcs: list[DatacenterSpec]) -> None:

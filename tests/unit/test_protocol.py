@@ -165,7 +165,8 @@ def test_decoder_rejects_bad_frame_with_precise_reason(data, reason):
 def test_oversized_length_is_rejected_from_the_header_alone():
     dec = FrameDecoder(max_frame_bytes=1024)
     header = _raw(MsgType.KV_CHUNK, payload=b"", length=2000)
-    with pytest.raises(ProtocolError, match="KV_CHUNK frame of 2025 bytes exceeds max_frame_bytes=1024"):
+    reason = "KV_CHUNK frame of 2025 bytes exceeds max_frame_bytes=1024"
+    with pytest.raises(ProtocolError, match=reason):
         dec.feed(header)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
 from dataclasses import dataclass
 
@@ -29,7 +30,14 @@ from testbed.pdd.protocol import (
     Tokens,
     encode_frame,
 )
-from testbed.pdd.transport import ConnectionClosed, TcpOptions, TcpTransport, Transport
+from testbed.pdd.transport import (
+    ConnectionClosed,
+    TcpOptions,
+    TcpTransport,
+    Transport,
+    connect,
+    serve,
+)
 
 
 @dataclass
@@ -270,7 +278,7 @@ def test_fake_delay_applies_per_direction_and_keeps_order():
         return connect_s, rtt_s, answers
 
     connect_s, rtt_s, answers = run(scenario())
-    assert 0.07 <= connect_s < 0.2 and 0.07 <= rtt_s < 0.2
+    assert 0.07 <= connect_s < 0.5 and 0.07 <= rtt_s < 0.5
     assert [a[0].message.token_ids for a in answers] == [(1,), (2,), (3,)]
 
 
@@ -287,3 +295,48 @@ def test_fake_refuses_unknown_and_foreign_addresses():
             await net.host("srv").serve("srv", 7000, serve_requests)
 
     run(scenario())
+
+
+def test_tcp_options_reach_the_socket():
+    async def scenario():
+        options = TcpOptions(sndbuf_bytes=256 * 1024, rcvbuf_bytes=512 * 1024)
+        async with await serve("127.0.0.1", 0, serve_requests, options) as listener:
+            async with await connect(*listener.address, options) as conn:
+                sock = conn.sock
+                return (sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY),
+                        sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF),
+                        sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF))
+
+    nodelay, sndbuf, rcvbuf = run(scenario())
+    assert nodelay == 1
+    assert sndbuf >= 256 * 1024 and rcvbuf >= 512 * 1024  # Linux reports twice the request
+
+
+def test_tcp_sender_blocks_while_the_receiver_does_not_read():
+    """Flow control end to end: a slow reader pauses its socket, and the sender's send waits."""
+    async def scenario():
+        options = TcpOptions(sndbuf_bytes=128 * 1024, rcvbuf_bytes=128 * 1024,
+                             recv_queue_bytes=1 << 20)
+        reading, got = asyncio.Event(), []
+
+        async def slow_reader(conn):
+            await reading.wait()
+            while len(got) < 64:
+                got.append(await conn.recv())
+
+        async with await serve("127.0.0.1", 0, slow_reader, options) as listener:
+            async with await connect(*listener.address, options) as conn:
+                chunk = KvChunk(0, 1, 0, 1, bytes(1 << 20))
+                sending = asyncio.ensure_future(
+                    asyncio.gather(*(conn.send(Frame(i, chunk)) for i in range(64))))
+                await asyncio.sleep(0.5)
+                blocked = not sending.done()
+                reading.set()
+                await sending
+                while len(got) < 64:
+                    await asyncio.sleep(0.01)
+        return blocked, sorted(f.request_id for f in got)
+
+    blocked, ids = run(scenario())
+    assert blocked
+    assert ids == list(range(64))
