@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# One-time (idempotent) set-up on Debian/Ubuntu, as root: system packages,
+# a virtualenv in .venv, and the testbed installed into it (editable).
+# The README's two commands start with this script.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+APT_PACKAGES=(mininet bridge-utils iputils-ping iperf3 iproute2 tcpdump strace kmod procps)
+if [ "$(id -u)" -ne 0 ]; then
+  echo "setup.sh: run as root (sudo ./setup.sh): it installs system packages" >&2
+  exit 2
+fi
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+python3 -m venv --help >/dev/null 2>&1 || missing+=(python3-venv)
+if [ ${#missing[@]} -gt 0 ]; then
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v -i warning || true
+# torch first and pinned: a plain 'torch' requirement pulls a multi-GB CUDA build.
+.venv/bin/python -m pip install -q torch==2.13.0 2>&1 | grep -v -i warning || true
+.venv/bin/python -m pip install -q -e '.[test]' 2>&1 | grep -v -i warning || true
+.venv/bin/python -c "import testbed, torch, pyroute2, mininet, scapy, yaml" \
+  || { echo "setup.sh: the virtualenv is incomplete" >&2; exit 1; }
+echo "setup.sh: ready (.venv/bin/testbed)"
