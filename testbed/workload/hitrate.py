@@ -100,10 +100,9 @@ def skewed_bins(mean_pct: float) -> tuple[HitBin, ...]:
     return _from_weights((1 - t) * a + t * b for a, b in zip(_HIGH_WEIGHTS, other))
 
 
-def _weight(f: Fields, key: str | int, value: object) -> float:
+def _weight(file: str, where: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e300:
-        where = join(f.path, key) if isinstance(key, int) else f.where(key)
-        raise SpecError(f.file, where, "a weight >= 0", value)
+        raise SpecError(file, where, "a weight >= 0", value)
     return float(value)
 
 
@@ -116,7 +115,7 @@ def _parse_bins(items: list[Fields]) -> tuple[HitBin, ...]:
         if bins and (lo < bins[-1].hi_pct or (lo == bins[-1].lo_pct == bins[-1].hi_pct == hi)):
             raise bf.error("lo_pct", f"bins in increasing order, not overlapping the previous "
                            f"one ({bins[-1].lo_pct:g}-{bins[-1].hi_pct:g}%)", lo)
-        bins.append(HitBin(lo, hi, _weight(bf, "weight", bf.raw("weight"))))
+        bins.append(HitBin(lo, hi, _weight(bf.file, bf.where("weight"), bf.raw("weight"))))
         bf.done()
     return bins
 
@@ -136,8 +135,8 @@ def parse_hit_rate(f: Fields) -> HitRateSpec:
         if len(raw) != len(PDD_BINS_PCT):
             raise f.error("pdd_bins", f"{len(PDD_BINS_PCT)} weights, one per PDD bin "
                           + " ".join(f"{a:g}-{b:g}%" for a, b in PDD_BINS_PCT), raw)
-        sub = Fields({}, f.file, join(f.path, "pdd_bins"))
-        bins = tuple(HitBin(a, b, _weight(sub, i, w)) for i, ((a, b), w)
+        base = join(f.path, "pdd_bins")
+        bins = tuple(HitBin(a, b, _weight(f.file, join(base, i), w)) for i, ((a, b), w)
                      in enumerate(zip(PDD_BINS_PCT, raw)))
     else:
         bins = tuple(_parse_bins(f.items("bins", min_len=1)))

@@ -15,7 +15,11 @@ radix cache finds the hit. A partial last block is the head of its id's
 block. Scaling for small machines: with input_len_divisor d, every hash
 block becomes block_tokens / d tokens and a prompt ceil(input_length / d)
 tokens (the hash-id prefix structure is kept exactly); outputs become
-ceil(output_length / output_len_divisor) tokens, at least 1.
+ceil(output_length / output_len_divisor) tokens, at least 1. Keep
+block_tokens / d >= 16 (d <= 32 for 512-token blocks) so that a hash block
+is still at least one cache block: at d = 64 the 8-token blocks lose half a
+block of every odd-length shared prefix and the first 2,000 conversation
+requests measure 26.2% instead of 29.4%.
 
 Per request, ``designed_hit_rate`` is the hash-level hit (leading hash ids
 some earlier kept request already had, in tokens); the measured rate in

@@ -16,15 +16,13 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from testbed.workload.cachesim import BLOCK_TOKENS, measure_hit_tokens
 from testbed.workload.hitrate import HitBin, histogram
-
-if TYPE_CHECKING:
-    from testbed.workload.spec import WorkloadSpec
+from testbed.workload.spec import WorkloadSpec
 
 
 @dataclass(frozen=True)
@@ -89,7 +87,7 @@ class WorkloadStats:
 @dataclass(frozen=True)
 class Workload:
     requests: tuple[Request, ...] = field(repr=False)
-    spec: "WorkloadSpec"
+    spec: WorkloadSpec
     stats: WorkloadStats
     # measured hit fraction of each request (same order as requests)
     measured_hit_rates: tuple[float, ...] = field(repr=False)

@@ -94,7 +94,7 @@ class MooncakeSpec:
     seed: int = 0
     max_requests: int | None = None  # stop after this many kept requests
     block_tokens: int = 512  # tokens per hash id in the trace
-    input_len_divisor: int = 1  # prompt lengths (and hash blocks) are divided by this
+    input_len_divisor: int = 1  # prompt lengths and hash blocks / this (<= block_tokens / 16)
     output_len_divisor: int = 1
     missing_ok: bool = False  # absent file -> empty workload instead of an error
 

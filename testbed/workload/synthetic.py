@@ -175,9 +175,9 @@ def generate_synthetic(spec: SyntheticSpec) -> tuple[Request, ...]:
 
     Example: ``generate_synthetic(spec) == generate_synthetic(spec)`` is True.
     """
-    root = np.random.default_rng(spec.seed)
-    d = _draw(spec, root.spawn(4))
-    builder = _Builder(spec, root.spawn(1)[0])
+    streams = np.random.default_rng(spec.seed).spawn(5)
+    d = _draw(spec, streams[:4])
+    builder = _Builder(spec, streams[4])
     bins = spec.hit_rate.bins
     out = []
     for i in range(len(d.arrival_s)):

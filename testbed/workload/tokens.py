@@ -22,7 +22,8 @@ import numpy as np
 VOCAB_SIZE = 512
 MAX_HASH_ID = (1 << 40) - 1  # ids are packed with a 20-bit position into 64 bits
 MAX_BLOCK_TOKENS = 1 << 20
-_TOKEN_INTS = tuple(range(VOCAB_SIZE))  # one int object per token ID, shared by all prompts
+# one int object per token ID, shared by all prompts (an object array indexes in C)
+_TOKEN_INTS = np.array(tuple(range(VOCAB_SIZE)), dtype=object)
 _SALT = np.uint64(0x5DEECE66D)
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -30,7 +31,7 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 def as_prompt(tokens: np.ndarray) -> tuple[int, ...]:
     """A prompt tuple from an integer array of token IDs in 0..VOCAB_SIZE-1."""
-    return tuple(map(_TOKEN_INTS.__getitem__, tokens.tolist()))
+    return tuple(_TOKEN_INTS[tokens].tolist())
 
 
 def _mix64(x: np.ndarray) -> np.ndarray:

@@ -75,7 +75,7 @@ def test_host_link_rate_within_tolerance(topo, clean_host):
 def test_runtime_delay_and_rate_change(topo, clean_host):
     with open_network(topo) as net:
         assert ping_avg(net, "xa1", "xb1")["avg_ms"] == pytest.approx(40, abs=2)
-        runtime.set_link(net, "wan", delay_ms=30, rate_gbit=5)
+        runtime.set_link(net, "wan", delay_ms=30, rate_gbit=5)  # k=25: 200 Mbit/s
         assert ping_avg(net, "xa1", "xb1")["avg_ms"] == pytest.approx(60, abs=2)
         want = 5e9 / net.plan.scale * GOODPUT_SHARE / 1e6
         assert goodput_mbit(net, "xa1", "xb1", 4) == pytest.approx(want, rel=0.05)

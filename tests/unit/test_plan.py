@@ -49,9 +49,10 @@ def test_queue_limit_is_one_bdp_unless_given():
 
 
 @pytest.mark.parametrize("wan,intra,backend,k", [
-    (10, 100, Backend.USERSPACE, 10), (40, 100, Backend.USERSPACE, 40),
-    (100, 100, Backend.USERSPACE, 100), (10, 100, Backend.NETEM, 10),
-    (10, 20, Backend.NETEM, 2), (0.5, 5, Backend.USERSPACE, 1), (3, 10, Backend.USERSPACE, 4),
+    (10, 100, Backend.USERSPACE, 25), (40, 100, Backend.USERSPACE, 40),
+    (100, 100, Backend.USERSPACE, 100), (10, 100, Backend.NETEM, 25),
+    (10, 20, Backend.NETEM, 5), (0.5, 4, Backend.USERSPACE, 1), (3, 10, Backend.USERSPACE, 4),
+    (10, 10, Backend.USERSPACE, 10),
 ])
 def test_choose_scale(wan, intra, backend, k):
     assert choose_scale(wan, intra, backend) == k
@@ -59,7 +60,7 @@ def test_choose_scale(wan, intra, backend, k):
 
 def test_auto_scale_uses_every_link():
     topo = load_topology(ROOT / "topologies/multi-host.yaml")  # WAN 100, intra 200
-    assert auto_scale(topo, Backend.NETEM) == 20  # 100/5 and 200/10
+    assert auto_scale(topo, Backend.NETEM) == 50  # 100/5 = 20 but 200/4 = 50
 
 
 def _steps(plan, kind):
@@ -74,7 +75,7 @@ def test_userspace_plan_has_delay_lines_and_fifo_leaves():
     assert lines[0].channel.delay_line == ("wan-eth0", "wan-eth1")
     assert all(c.impairment is None for c in plan.channels if c.link != "wan")
     wan = plan.channel("wan/a>b")
-    assert wan.node == "gwa" and wan.dev == "gwa-eth1" and wan.htb.rate_bps == 1e9
+    assert wan.node == "gwa" and wan.dev == "gwa-eth1" and wan.htb.rate_bps == 0.4e9  # k=25
     assert wan.impairment.seed != plan.channel("wan/b>a").impairment.seed
 
 

@@ -1,0 +1,124 @@
+"""Checking a scenario's expectations against the metrics of a run.
+
+Owns ExpectationError, OPS and ``evaluate``. Expectations are plain data
+(the ``expectations`` list of metadata.json's resolved scenario), of two
+shapes:
+
+- a bound on one metric of one mode::
+
+    {name: no-token-lost, mode: pdd, metric: tokens_lost, op: "==", value: 0}
+
+  ``op`` is one of ==, <=, <, >=, >;
+- a comparison of a mode with a baseline mode (value = mode / baseline)::
+
+    {name: ttft-halved, metric: ttft_p90_s, mode: pdd, baseline: cross-dc-pd,
+     max_ratio: 0.6}                # and/or min_ratio
+
+A null metric (e.g. no completed request) or a zero baseline fails, and
+the bound text says why. A malformed expectation, an unknown metric or a
+mode that did not run raises ExpectationError naming the expectation:
+that is a broken scenario, not a failed run.
+
+Example::
+
+    evaluate(resolved["expectations"], summary["modes"])
+    # [{"name": "ttft-halved", "passed": True, "value": 0.48,
+    #   "bound": "ttft_p90_s pdd / cross-dc-pd <= 0.6 (1.2 / 2.5)"}]
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Callable, Mapping, Sequence
+
+from testbed.errors import TestbedError
+from testbed.report.metrics import MODE_METRICS, metric_value, ratio
+
+OPS: dict[str, Callable[[float, float], bool]] = {
+    "==": operator.eq, "<=": operator.le, "<": operator.lt, ">=": operator.ge, ">": operator.gt}
+BOUND_KEYS = frozenset({"name", "mode", "metric", "op", "value", "description"})
+RATIO_KEYS = frozenset({"name", "mode", "metric", "baseline", "max_ratio", "min_ratio",
+                        "description"})
+
+
+class ExpectationError(TestbedError):
+    """An expectation that cannot be evaluated (malformed, unknown metric or mode)."""
+
+    def __init__(self, index: int, name: object, problem: str):
+        self.index, self.name, self.problem = index, name, problem
+        super().__init__(f"expectation {index} ({name!r}): {problem}")
+
+
+def evaluate(expectations: Sequence[Mapping], modes: Mapping[str, Mapping]) -> list[dict]:
+    """[{name, passed, value, bound}] for each expectation, in order."""
+    return [_evaluate_one(i, e, modes) for i, e in enumerate(expectations)]
+
+
+def _evaluate_one(index: int, exp: Mapping, modes: Mapping[str, Mapping]) -> dict:
+    if not isinstance(exp, Mapping):
+        raise ExpectationError(index, None, f"expected a mapping, got {exp!r}")
+    name = exp.get("name")
+    if not name:
+        raise ExpectationError(index, name, "has no name")
+    is_ratio = "baseline" in exp
+    _check_keys(index, exp, RATIO_KEYS if is_ratio else BOUND_KEYS)
+    metric = exp.get("metric")
+    if metric not in MODE_METRICS:
+        raise ExpectationError(index, name, f"unknown metric {metric!r}; known: "
+                               + ", ".join(MODE_METRICS))
+    for key in ("mode", "baseline") if is_ratio else ("mode",):
+        if exp.get(key) not in modes:
+            raise ExpectationError(index, name, f"{key} {exp.get(key)!r} did not run; modes: "
+                                   + ", ".join(modes))
+    check = _ratio_check if is_ratio else _bound_check
+    passed, value, bound = check(index, exp, modes)
+    return {"name": name, "passed": passed, "value": value, "bound": bound}
+
+
+def _check_keys(index: int, exp: Mapping, allowed: frozenset) -> None:
+    unknown = sorted(set(exp) - allowed)
+    if unknown:
+        raise ExpectationError(index, exp["name"], f"unknown keys {unknown}; allowed: "
+                               + ", ".join(sorted(allowed)))
+
+
+def _number(index: int, exp: Mapping, key: str) -> float:
+    v = exp.get(key)
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ExpectationError(index, exp["name"], f"{key} must be a number, got {v!r}")
+    return v
+
+
+def _bound_check(index: int, exp: Mapping, modes: Mapping) -> tuple[bool, object, str]:
+    op = exp.get("op")
+    if op not in OPS:
+        raise ExpectationError(index, exp["name"], f"op must be one of {' '.join(OPS)}, "
+                               f"got {op!r}")
+    want = _number(index, exp, "value")
+    metric, mode = exp["metric"], exp["mode"]
+    value = metric_value(modes[mode], metric)
+    bound = f"{metric} of {mode} {op} {want:g}"
+    if value is None:
+        return False, None, f"{bound} (value is null: no data, e.g. no completed request)"
+    return bool(OPS[op](value, want)), value, bound
+
+
+def _ratio_check(index: int, exp: Mapping, modes: Mapping) -> tuple[bool, object, str]:
+    limits = [(k, _number(index, exp, k)) for k in ("min_ratio", "max_ratio") if k in exp]
+    if not limits:
+        raise ExpectationError(index, exp["name"], "a comparison needs max_ratio or min_ratio")
+    metric, mode, base = exp["metric"], exp["mode"], exp["baseline"]
+    v, b = metric_value(modes[mode], metric), metric_value(modes[base], metric)
+    r = ratio(v, b)
+    wanted = " and ".join(f"{'>=' if k == 'min_ratio' else '<='} {x:g}" for k, x in limits)
+    bound = f"{metric} {mode} / {base} {wanted}"
+    if r is None:
+        why = ("value is null" if v is None else "baseline is null" if b is None
+               else "baseline is 0")
+        return False, None, f"{bound} ({why}: {_fmt(v)} / {_fmt(b)})"
+    ok = all(r >= x if k == "min_ratio" else r <= x for k, x in limits)
+    return ok, r, f"{bound} ({_fmt(v)} / {_fmt(b)})"
+
+
+def _fmt(v: float | None) -> str:
+    return "null" if v is None else f"{v:.4g}"

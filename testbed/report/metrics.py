@@ -1,0 +1,237 @@
+"""One mode's metrics and the comparisons between modes, as summary.json states them.
+
+Owns Sla, MODE_METRICS, ``mode_metrics``, ``compare``, ``metric_value`` and the
+small pure functions they are made of. Input is plain data read from a run
+directory: request records (docs/pdd-roles.md, "What the client records"),
+events and links.csv rows. Nothing here reads files or plots.
+
+Definitions (docs/run-directory.md):
+- percentiles are over completed requests, numpy's linear interpolation;
+  no completed request -> None (null in JSON);
+- ``tpot`` of a request = (e2e - ttft) / (tokens - 1), tokens = distinct
+  positions received; a one-token request has no TPOT and meets any TPOT bound;
+- ``goodput_rps`` = completed requests within the SLA (``ttft_s``, ``tpot_ms``;
+  a bound that is absent is not checked; no SLA -> every completed request)
+  per second of workload duration (``workload_start`` .. ``workload_end``
+  events, else the span of the requests);
+- bytes come from the records (what the roles sent on each path, all
+  requests, failed ones too): ``wan_bytes`` = kv_wan + handoff,
+  ``intra_dc_bytes`` = kv_intra. Records hold emulated bytes; the nominal
+  figure is emulated x k, the emulated one is kept under ``emulated``.
+  (links.csv counts everything on a link, cross traffic included; see
+  ``link_bytes``.)
+- ``rld_token_share`` = tokens produced by RLD / all tokens, and
+  ``relayed_share`` = requests whose pipeline involved RLD / all, both over
+  completed requests.
+
+Example::
+
+    m = mode_metrics(records, events, Sla(ttft_s=2.0, tpot_ms=100), scale=10.0)
+    m["ttft_p90_s"], m["wan_bytes"], m["emulated"]["wan_bytes"]
+    compare({"pdd": m, "cross-dc-pd": b}, ["ttft_p90_s"], [("pdd", "cross-dc-pd")])
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Sequence
+
+import numpy as np
+
+from testbed.report.rundir import LinkSample
+
+# The per-mode keys of summary.json, in contract order.
+MODE_KEYS = ("requests_total", "requests_completed", "requests_failed",
+             "tokens_lost", "tokens_duplicated",
+             "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_p50_ms", "e2e_p99_s",
+             "goodput_rps", "handoff_stall_p99_ms",
+             "wan_bytes", "intra_dc_bytes", "rld_token_share", "relayed_share", "emulated")
+EMULATED_KEYS = ("wan_bytes", "intra_dc_bytes")
+# Every name an expectation or a comparison may use.
+MODE_METRICS = tuple(k for k in MODE_KEYS if k != "emulated") + tuple(
+    f"emulated.{k}" for k in EMULATED_KEYS)
+# Compared between every mode and the baseline unless a scenario asks for more.
+DEFAULT_COMPARED = ("ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_p50_ms", "e2e_p99_s",
+                    "goodput_rps", "wan_bytes", "intra_dc_bytes")
+PRODUCERS = {"p": "P", "prefill": "P", "1": "P",
+             "rld": "RLD", "relay_decode": "RLD", "relay-decode": "RLD", "2": "RLD",
+             "md": "MD", "main_decode": "MD", "main-decode": "MD", "3": "MD"}
+
+
+@dataclass(frozen=True)
+class Sla:
+    """Per-request service bounds; None = not checked."""
+
+    ttft_s: float | None = None
+    tpot_ms: float | None = None
+
+    @classmethod
+    def from_resolved(cls, resolved: Mapping) -> "Sla":
+        """The scenario's ``sla: {ttft_s, tpot_ms}``, or no bounds."""
+        sla = resolved.get("sla") or {}
+        return cls(sla.get("ttft_s"), sla.get("tpot_ms"))
+
+    @property
+    def empty(self) -> bool:
+        return self.ttft_s is None and self.tpot_ms is None
+
+
+def percentile(values: Iterable[float | None], q: float) -> float | None:
+    """q-th percentile (linear interpolation) of the non-null values; None if none."""
+    a = [float(v) for v in values if v is not None]
+    return float(np.percentile(np.asarray(a), q)) if a else None
+
+
+def completed(records: Iterable[Mapping]) -> list[Mapping]:
+    return [r for r in records if r.get("status") == "completed"]
+
+
+def token_count(record: Mapping) -> int:
+    """Distinct output positions the client received."""
+    return len({t[0] for t in record.get("tokens") or ()})
+
+
+def tpot_ms(record: Mapping) -> float | None:
+    n, ttft, e2e = token_count(record), record.get("ttft_s"), record.get("e2e_s")
+    if n < 2 or ttft is None or e2e is None:
+        return None
+    return 1000.0 * (e2e - ttft) / (n - 1)
+
+
+def within_sla(record: Mapping, sla: Sla) -> bool:
+    """Completed and within both bounds (absent bounds are not checked)."""
+    if record.get("status") != "completed":
+        return False
+    ttft = record.get("ttft_s")
+    if sla.ttft_s is not None and (ttft is None or ttft > sla.ttft_s):
+        return False
+    tpot = tpot_ms(record)
+    return sla.tpot_ms is None or tpot is None or tpot <= sla.tpot_ms
+
+
+def workload_window(events: Sequence[Mapping],
+                    records: Sequence[Mapping]) -> tuple[float, float] | None:
+    """(start, end) t_mono of the workload: its events, else the requests' span."""
+    starts = [e["t_mono"] for e in events if e.get("kind") == "workload_start"]
+    ends = [e["t_mono"] for e in events if e.get("kind") == "workload_end"]
+    if starts and ends and max(ends) > min(starts):
+        return min(starts), max(ends)
+    sent = [r["t_sent"] for r in records if r.get("t_sent") is not None]
+    done = [r["t_sent"] + r["e2e_s"] for r in records
+            if r.get("t_sent") is not None and r.get("e2e_s") is not None]
+    if sent and done and max(done) > min(sent):
+        return min(sent), max(done)
+    return None
+
+
+def goodput_rps(records: Sequence[Mapping], sla: Sla, duration_s: float | None) -> float | None:
+    if not duration_s:
+        return None
+    return sum(within_sla(r, sla) for r in records) / duration_s
+
+
+def producer_of(token: Sequence) -> str | None:
+    """'P', 'RLD' or 'MD' for a [position, token_id, t_rel_s, producer] entry."""
+    if len(token) < 4 or token[3] is None:
+        return None
+    return PRODUCERS.get(str(token[3]).lower())
+
+
+def rld_token_share(records: Sequence[Mapping]) -> float | None:
+    tokens = [t for r in completed(records) for t in r.get("tokens") or ()]
+    if not tokens:
+        return None
+    return sum(producer_of(t) == "RLD" for t in tokens) / len(tokens)
+
+
+def is_relayed(record: Mapping) -> bool:
+    """The pipeline involved RLD (p-rld-md, rld-only, p-rld-md->rld)."""
+    return "rld" in str(record.get("pipeline") or "")
+
+
+def relayed_share(records: Sequence[Mapping]) -> float | None:
+    done = completed(records)
+    return sum(map(is_relayed, done)) / len(done) if done else None
+
+
+def handoff_stall_p99_ms(records: Sequence[Mapping]) -> float | None:
+    stalls = [(r.get("handoff") or {}).get("stall_ms") for r in completed(records)]
+    return percentile(stalls, 99)
+
+
+def emulated_bytes(records: Iterable[Mapping]) -> dict[str, int]:
+    """Bytes the roles sent on each path, summed over all requests (emulated scale)."""
+    wan = intra = 0
+    for r in records:
+        b = r.get("bytes") or {}
+        wan += int(b.get("kv_wan") or 0) + int(b.get("handoff") or 0)
+        intra += int(b.get("kv_intra") or 0)
+    return {"wan_bytes": wan, "intra_dc_bytes": intra}
+
+
+def link_bytes(samples: Iterable[LinkSample], link: str) -> dict[str, int]:
+    """Emulated bytes each direction of ``link`` carried (last - first counter)."""
+    first: dict[str, int] = {}
+    last: dict[str, int] = {}
+    for s in sorted((s for s in samples if s.link == link), key=lambda s: s.t_mono):
+        first.setdefault(s.direction, s.bytes)
+        last[s.direction] = s.bytes
+    return {d: last[d] - first[d] for d in last}
+
+
+def mode_metrics(records: Sequence[Mapping], events: Sequence[Mapping], sla: Sla,
+                 scale: float) -> dict:
+    """One mode's entry of summary.json, keys in contract order."""
+    done = completed(records)
+    ttft = [r.get("ttft_s") for r in done]
+    window = workload_window(events, records)
+    emulated = emulated_bytes(records)
+    return {
+        "requests_total": len(records),
+        "requests_completed": len(done),
+        "requests_failed": len(records) - len(done),
+        "tokens_lost": sum(int(r.get("tokens_lost") or 0) for r in records),
+        "tokens_duplicated": sum(int(r.get("tokens_duplicated") or 0) for r in records),
+        "ttft_p50_s": percentile(ttft, 50),
+        "ttft_p90_s": percentile(ttft, 90),
+        "ttft_p99_s": percentile(ttft, 99),
+        "tpot_p50_ms": percentile((tpot_ms(r) for r in done), 50),
+        "e2e_p99_s": percentile((r.get("e2e_s") for r in done), 99),
+        "goodput_rps": goodput_rps(records, sla, window and window[1] - window[0]),
+        "handoff_stall_p99_ms": handoff_stall_p99_ms(records),
+        "wan_bytes": emulated["wan_bytes"] * scale,
+        "intra_dc_bytes": emulated["intra_dc_bytes"] * scale,
+        "rld_token_share": rld_token_share(records),
+        "relayed_share": relayed_share(records),
+        "emulated": emulated,
+    }
+
+
+def metric_value(metrics: Mapping, name: str) -> float | None:
+    """A metric of one mode by name; ``emulated.wan_bytes`` reaches into ``emulated``."""
+    if name not in MODE_METRICS:
+        raise KeyError(name)
+    value: object = metrics
+    for part in name.split("."):
+        value = value.get(part) if isinstance(value, Mapping) else None
+    return value  # type: ignore[return-value]
+
+
+def ratio(value: float | None, baseline: float | None) -> float | None:
+    if value is None or baseline is None or baseline == 0:
+        return None
+    return value / baseline
+
+
+def compare(modes: Mapping[str, Mapping], metrics: Sequence[str],
+            pairs: Sequence[tuple[str, str]]) -> list[dict]:
+    """For each (mode, baseline) pair and metric: both values, ratio, change in %."""
+    out = []
+    for mode, baseline in pairs:
+        for name in metrics:
+            v, b = metric_value(modes[mode], name), metric_value(modes[baseline], name)
+            r = ratio(v, b)
+            out.append({"metric": name, "mode": mode, "baseline": baseline, "value": v,
+                        "baseline_value": b, "ratio": r,
+                        "change_pct": None if r is None else 100.0 * (r - 1.0)})
+    return out
