@@ -49,8 +49,16 @@ def cmd_validate(args) -> int:
             print(f"{path}: topology {topo.name!r} ok: {len(topo.hosts)} hosts, WAN "
                   f"{topo.wan.a_to_b.rate_gbit:g}/{topo.wan.b_to_a.rate_gbit:g} Gbit/s, "
                   f"RTT {topo.wan.rtt_ms:g} ms")
+        elif isinstance(data, dict) and "workload" in data:
+            from testbed.spec.scenario import parse_scenario
+
+            sc = parse_scenario(data, path)
+            print(f"{path}: scenario {sc.name!r} ok: modes "
+                  f"{', '.join(m.value for m in sc.modes)}; {len(sc.faults)} faults, "
+                  f"{len(sc.expectations)} expectations")
         else:
-            raise SpecError(path, "", "a topology (with 'datacenters')", "another document")
+            raise SpecError(path, "", "a topology (with 'datacenters') or a scenario "
+                            "(with 'workload')", "another document")
     return 0
 
 
@@ -87,6 +95,56 @@ def cmd_calibrate(args) -> int:
         text = json.dumps(out, indent=1) if args.json else results_table(net, results)
     print(text)
     return 0 if out["passed"] else 1
+
+
+def cmd_run(args) -> int:
+    from pathlib import Path
+
+    from testbed.scenario.runner import RunOptions, run_scenario
+    from testbed.spec.scenario import load_scenario
+
+    sc = load_scenario(args.scenario)
+    out = Path(args.out) if args.out else Path("runs") / \
+        f"{sc.name}-{__import__('time').strftime('%Y%m%d-%H%M%S')}"
+    opts = RunOptions(out, args.seed, args.scale, None if args.backend == "auto" else args.backend,
+                      args.dry_run)
+    if args.dry_run:
+        from testbed.scenario.dryrun import describe
+
+        print(describe(sc, opts))
+        return 0
+    summary = run_scenario(sc, opts)
+    from testbed.report.render import summary_table
+
+    print(summary_table(summary))
+    print(f"report: {out / 'report.md'}")
+    return 0 if summary["passed"] else 1
+
+
+def cmd_report(args) -> int:
+    from pathlib import Path
+
+    from testbed.report import build_report
+    from testbed.report.render import summary_table
+
+    summary = build_report(Path(args.run_dir))
+    print(summary_table(summary))
+    return 0 if summary["passed"] else 1
+
+
+def cmd_bench(args) -> int:
+    if args.what == "updown":
+        from testbed.net.updown import updown
+
+        out = updown(_load_topology(args), args.cycles, _backend(args.backend))
+        print(json.dumps(out, indent=1))
+        return 1 if out["leftovers"] else 0
+    from testbed.pdd.bench import run_handoff_bench
+
+    out = run_handoff_bench(_load_topology(args), _backend(args.backend), args.scale,
+                            args.trials)
+    print(json.dumps(out, indent=1))
+    return 0
 
 
 def cmd_shell(args) -> int:
@@ -140,6 +198,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--wan-rtt-ms", type=float)
     p.add_argument("--wan-loss-pct", type=float)
     p.set_defaults(func=cmd_calibrate)
+    p = sub.add_parser("run", help="run a scenario: every mode, faults, report")
+    p.add_argument("scenario")
+    p.add_argument("--out", help="run directory (default runs/NAME-TIME)")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--scale", type=float, help="bandwidth scale k (default: scenario or auto)")
+    p.add_argument("--backend", choices=("auto", "netem", "userspace"), default="auto")
+    p.add_argument("--dry-run", action="store_true", help="print the plan, build nothing")
+    p.set_defaults(func=cmd_run)
+    p = sub.add_parser("report", help="re-render summary.json, report.md and plots")
+    p.add_argument("run_dir")
+    p.set_defaults(func=cmd_report)
+    p = sub.add_parser("bench", help="benchmarks: updown (build/teardown), handoff")
+    p.add_argument("what", choices=("updown", "handoff"))
+    _net_args(p)
+    p.add_argument("--cycles", type=int, default=20)
+    p.add_argument("--trials", type=int, default=30)
+    p.set_defaults(func=cmd_bench)
     p = sub.add_parser("shell", help="Mininet CLI on the emulated network")
     _net_args(p)
     p.set_defaults(func=cmd_shell)

@@ -23,6 +23,8 @@ order, unsigned integers; ranges are half-open ``[start, end)``)::
   HEALTH       !Q nonce
   HEALTH_ACK   !QII nonce, active_requests, waiting_requests
   CANCEL       empty
+  KV_NEED      !II start, num_tokens (MD lacks prompt KV [start, num_tokens))
+  REPORT       JSON {"role": Role name, "name": str, "data": object}
 
 Token positions of TOKENS and HANDOFF are contiguous: ids[i] sits at
 ``start_position + i``.
@@ -353,10 +355,58 @@ class Cancel(Message):
         return cls()
 
 
+@dataclass(frozen=True)
+class KvNeed(_Fixed):
+    """MD -> P: MD's DRC lacks the prompt's KV [start, num_tokens); send only that."""
+
+    MSG_TYPE: ClassVar[MsgType] = MsgType.KV_NEED
+    LAYOUT: ClassVar[struct.Struct] = struct.Struct("!II")
+    start: int
+    num_tokens: int
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.start > self.num_tokens:
+            raise wire.fail(self.MSG_TYPE, f"start {self.start} > num_tokens {self.num_tokens}")
+
+
+@dataclass(frozen=True)
+class Report(Message):
+    """A role's per-request measurements (bytes per path, hit rates, handoff batches...).
+
+    Example: ``Report(Role.MAIN_DECODE, "md0", {"md_hit_rate": 0.9, "kv_wan_bytes": 4096})``.
+    """
+
+    MSG_TYPE: ClassVar[MsgType] = MsgType.REPORT
+    role: Role
+    name: str
+    data: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "role", wire.as_enum(self.MSG_TYPE, "role", Role, self.role))
+        if not isinstance(self.name, str) or not self.name:
+            raise wire.fail(self.MSG_TYPE, f"name must be a non-empty str, got {self.name!r}")
+        if not isinstance(self.data, dict):
+            raise wire.fail(self.MSG_TYPE, f"data must be a dict, got {self.data!r}")
+
+    def encode(self) -> bytes:
+        obj = {"role": self.role.name, "name": self.name, "data": self.data}
+        return wire.dump_json(self.MSG_TYPE, obj)
+
+    @classmethod
+    def decode(cls, payload: bytes) -> Report:
+        obj = wire.load_json(cls.MSG_TYPE, payload)
+        role = wire.json_field(cls.MSG_TYPE, obj, "role", str)
+        if role not in Role.__members__:
+            raise wire.fail(cls.MSG_TYPE, f"unknown role {role!r}")
+        data = wire.json_field(cls.MSG_TYPE, obj, "data", dict)
+        return cls(Role[role], wire.json_field(cls.MSG_TYPE, obj, "name", str), data)
+
+
 MESSAGE_CLASSES: dict[MsgType, type[Message]] = {
     cls.MSG_TYPE: cls
     for cls in (Hello, Request, KvChunk, KvDone, Tokens, Handoff, HandoffAck,
-                KvReady, Done, Error, Health, HealthAck, Cancel)
+                KvReady, Done, Error, Health, HealthAck, Cancel, KvNeed, Report)
 }
 assert set(MESSAGE_CLASSES) == set(MsgType), "every MsgType needs a payload class"
 

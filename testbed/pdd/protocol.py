@@ -44,8 +44,10 @@ from testbed.pdd.messages import (
     Hello,
     KvChunk,
     KvDone,
+    KvNeed,
     KvReady,
     Message,
+    Report,
     Request,
     Tokens,
     decode_payload,
@@ -56,8 +58,8 @@ __all__ = [  # framing, plus the payload classes and wire enums it re-exports
     "HEADER_SIZE", "MAGIC", "MAX_FRAME_BYTES", "VERSION", "Frame", "FrameDecoder",
     "FrameHeader", "decode_frame_body", "encode_frame", "parse_header",
     "MESSAGE_CLASSES", "Message", "decode_payload", "Cancel", "Done", "Error", "Handoff",
-    "HandoffAck", "Health", "HealthAck", "Hello", "KvChunk", "KvDone", "KvReady",
-    "Request", "Tokens", "ErrorCode", "FinishReason", "MsgType", "Role",
+    "HandoffAck", "Health", "HealthAck", "Hello", "KvChunk", "KvDone", "KvNeed", "KvReady",
+    "Report", "Request", "Tokens", "ErrorCode", "FinishReason", "MsgType", "Role",
 ]
 
 MAGIC = b"PD"

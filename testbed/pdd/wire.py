@@ -38,6 +38,8 @@ class MsgType(enum.IntEnum):
     HEALTH = 11
     HEALTH_ACK = 12
     CANCEL = 13
+    KV_NEED = 14
+    REPORT = 15
 
 
 class Role(enum.IntEnum):

@@ -1,8 +1,9 @@
 """The report's plots: one function per PNG, matplotlib without a display.
 
-Owns Plot, DEFAULT_HIT_BINS_PCT, ``hit_bins`` and the four plot functions:
-``plot_ttft_cdf``, ``plot_wan_throughput``, ``plot_relay_timeline`` and
-``plot_hit_rates``. Each takes plain data and a path and returns a Plot;
+Owns Plot, DEFAULT_HIT_BINS_PCT, ``hit_bins``, ``relayed_examples`` (the
+requests the timeline shows) and the four plot functions: ``plot_ttft_cdf``,
+``plot_wan_throughput``, ``plot_relay_timeline`` and ``plot_hit_rates``.
+Each takes plain data and a path and returns a Plot;
 when there is nothing to draw it writes nothing, removes a stale PNG of
 the same name (so re-running is idempotent) and says why in ``note``.
 Figures are built with ``matplotlib.figure.Figure`` (Agg canvas), never
@@ -22,6 +23,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from testbed.report.events import fault_key, fault_kind, workload_t0
 from testbed.report.metrics import producer_of
@@ -81,6 +83,9 @@ def plot_ttft_cdf(ttft_by_mode: Mapping[str, Sequence[float]], path: Path) -> Pl
         ax.step(a, 100 * y, where="post", label=f"{mode} (n={a.size})")
     if all(a.min() > 0 for a in data.values()):
         ax.set_xscale("log")
+        ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("time to first token (s)")
     ax.set_ylabel("completed requests (%)")
     ax.set_ylim(0, 101)
@@ -151,7 +156,7 @@ def plot_wan_throughput(modes: Mapping[str, tuple[Sequence[LinkSample], Sequence
     usable = {m: v for m, v in modes.items() if any(s.link == "wan" for s in v[0])}
     if not usable:
         return _skip(title, path, "no WAN samples in links.csv for any mode")
-    fig = Figure(figsize=(8, 2.8 * len(usable) + 0.6), layout="constrained")
+    fig = Figure(figsize=(10, 2.8 * len(usable) + 0.6), layout="constrained")
     axes = fig.subplots(len(usable), 1, sharex=True, squeeze=False)[:, 0]
     for ax, (mode, (samples, events)) in zip(axes, usable.items()):
         t0 = _t0(events, samples)
@@ -168,13 +173,13 @@ def plot_wan_throughput(modes: Mapping[str, tuple[Sequence[LinkSample], Sequence
         ax.set_ylabel("Gbit/s (nominal)")
         ax.set_title(mode, fontsize=10)
         ax.grid(True, alpha=0.3)
-        _dedup_legend(ax, loc="upper right")
+        _dedup_legend(ax, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     axes[-1].set_xlabel("time since workload start (s)")
     fig.suptitle(f"{title}, k = {scale:g}")
     return _save(fig, title, path)
 
 
-def _timeline_candidates(records: Sequence[Mapping], n: int) -> list[Mapping]:
+def relayed_examples(records: Sequence[Mapping], n: int) -> list[Mapping]:
     """Completed relayed requests with tokens from both RLD and MD, most eager tokens first."""
     out = []
     for r in records:
@@ -188,7 +193,7 @@ def plot_relay_timeline(mode: str, records: Sequence[Mapping], path: Path,
                         max_requests: int = 4) -> Plot:
     """Token arrival times of a few relayed requests, colored by producer, handoff marked."""
     title = f"Relayed requests in {mode}: token arrivals"
-    chosen = _timeline_candidates(records, max_requests)
+    chosen = relayed_examples(records, max_requests)
     if not chosen:
         return _skip(title, path, f"no completed request of {mode} has tokens from both "
                      "RLD and MD")

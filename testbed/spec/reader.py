@@ -109,8 +109,8 @@ class Fields:
             hi: float | None = None, lo_open: bool = False, unit: str = "") -> float:
         """A finite number within [lo, hi] (or (lo, hi] with lo_open)."""
         v = self.raw(key, default)
-        if v is None and default is None:
-            return None  # type: ignore[return-value]
+        if key not in self.data:
+            return default  # defaults are the caller's, not checked
         what = f"a number{' of ' + unit if unit else ''}"
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
             raise self.error(key, what + " (units are in the field name)", v)
@@ -123,8 +123,8 @@ class Fields:
     def int(self, key: str, default: Any = ..., *, lo: int | None = None,
             hi: int | None = None) -> int:
         v = self.raw(key, default)
-        if v is None and default is None:
-            return None  # type: ignore[return-value]
+        if key not in self.data:
+            return default  # defaults are the caller's, not checked
         if isinstance(v, bool) or not isinstance(v, int):
             raise self.error(key, "an integer", v)
         if lo is not None and v < lo:
@@ -135,8 +135,8 @@ class Fields:
 
     def str(self, key: str, default: Any = ..., *, check: Callable[[str], str | None] | None = None) -> str:
         v = self.raw(key, default)
-        if v is None and default is None:
-            return None  # type: ignore[return-value]
+        if key not in self.data:
+            return default  # defaults are the caller's, not checked
         if not isinstance(v, str) or not v:
             raise self.error(key, "a non-empty string", v)
         if check and (problem := check(v)):

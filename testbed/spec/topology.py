@@ -222,7 +222,7 @@ def _check_roles(file: str, dcs: list[DatacenterSpec]) -> None:
 def parse_topology(data: object, file: str) -> Topology:
     f = Fields(data, file, "")
     name = f.str("name")
-    description = f.str("description", "")  if f.has("description") else ""
+    description = f.str("description", "")
     dcs = [_parse_dc(d) for d in f.items("datacenters", min_len=MAX_DATACENTERS)]
     if len(dcs) != MAX_DATACENTERS:
         raise f.error("datacenters", "exactly two datacenters", len(dcs))

@@ -27,8 +27,10 @@ from testbed.pdd.protocol import (
     Hello,
     KvChunk,
     KvDone,
+    KvNeed,
     KvReady,
     MsgType,
+    Report,
     Request,
     Role,
     Tokens,
@@ -54,6 +56,8 @@ SAMPLES = [
     Health(nonce=2**64 - 1),
     HealthAck(nonce=1, active_requests=12, waiting_requests=3),
     Cancel(),
+    KvNeed(start=4096, num_tokens=65536),
+    Report(Role.MAIN_DECODE, "md0", {"md_hit_rate": 0.9, "kv_wan_bytes": 4096, "batches": [3, 1]}),
 ]
 
 
@@ -146,6 +150,12 @@ BAD_FRAMES = [
     ("done reason", _raw(MsgType.DONE, struct.pack("!IB", 3, 9)),
      "finish_reason=9 is not a FinishReason"),
     ("cancel with payload", _raw(MsgType.CANCEL, b"x"), "CANCEL payload: 1 bytes, expected none"),
+    ("kv need short", _raw(MsgType.KV_NEED, bytes(4)), "KV_NEED payload: 4 bytes, expected 8"),
+    ("kv need past end", _raw(MsgType.KV_NEED, struct.pack("!II", 9, 8)), "start 9 > num_tokens 8"),
+    ("report unknown role", _raw(MsgType.REPORT, b'{"role":"GPU","name":"x","data":{}}'),
+     "unknown role 'GPU'"),
+    ("report data not object", _raw(MsgType.REPORT, b'{"role":"ROUTER","name":"r","data":[]}'),
+     "'data' must be dict"),
 ]
 
 

@@ -1,0 +1,280 @@
+"""Cluster and role configuration of the PDD processes: one JSON file, strictly validated.
+
+Owns the enums of the PDD design (``Mode``, ``Pipeline``, ``HandoffMode``),
+one frozen dataclass per config section (fields carry help text), and the one
+loader ``load_config`` / ``parse_config``. Every role process reads the same
+file and picks its own instance by name; unknown keys, wrong types and
+out-of-range values raise ``SpecError`` naming the file, the JSON path, what
+was expected and what was found. Validation is pure (no I/O beyond reading
+the file).
+
+Example file (every section but ``instances`` may be left out)::
+
+    {"mode": "pdd",
+     "model": {"d_model": 64, "n_layer": 2, "n_head": 2},
+     "timing": {"time_scale": 0.5, "kv_scale_k": 10},
+     "relay": {"handoff_mode": "catch-up", "catchup_threshold": 64},
+     "instances": [
+       {"name": "p0", "role": "prefill", "host": "127.0.0.1", "port": 7101, "dc": "A"},
+       {"name": "rld0", "role": "relay_decode", "host": "127.0.0.1", "port": 7102, "dc": "A"},
+       {"name": "md0", "role": "main_decode", "host": "127.0.0.1", "port": 7103, "dc": "B"},
+       {"name": "router", "role": "router", "host": "127.0.0.1", "port": 7100, "dc": "A"}]}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from testbed.errors import SpecError
+from testbed.pdd.costmodel import BIG_MODEL, GPU_A, GPU_B, CostModel, ModelProfile
+from testbed.pdd.model import ModelConfig
+from testbed.pdd.wire import Role
+
+
+class Mode(enum.Enum):
+    """What the router may choose (docs/pdd-roles.md, Pipelines)."""
+
+    PDD = "pdd"  # p-md or p-rld-md by expected WAN time; anomalous filter -> rld-only
+    CROSS_DC_PD = "cross-dc-pd"  # baseline: every request p-md over the WAN
+    SAME_DC_PD = "same-dc-pd"  # baseline: every request rld-only (RLD as a same-DC decoder)
+    P_RLD = "p-rld"  # excluded design: low-hit requests rld-only, the rest p-md
+
+
+class Pipeline(enum.Enum):
+    P_MD = "p-md"
+    P_RLD_MD = "p-rld-md"
+    RLD_ONLY = "rld-only"
+
+
+class HandoffMode(enum.Enum):
+    ONE_SHOT = "one-shot"
+    CATCH_UP = "catch-up"
+
+
+def _f(default: Any, help: str, **kw: Any) -> Any:
+    if isinstance(default, (list, dict, set)):
+        raise TypeError("use a default_factory")
+    return field(default=default, metadata={"help": help, **kw})
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One role process: where it listens and in which datacenter."""
+
+    name: str = _f("", "unique instance name; a process is started with it", required=True)
+    role: Role = _f(Role.CLIENT, "prefill | relay_decode | main_decode | router | client",
+                    required=True)
+    host: str = _f("127.0.0.1", "address to listen on and to be reached at")
+    port: int = _f(0, "TCP port (clients need none)", lo=0, hi=65535)
+    dc: str = _f("A", "datacenter: A (P, RLD, router, client) or B (MD)", choices=("A", "B"))
+
+
+@dataclass(frozen=True)
+class TimingConfig:
+    """How real compute is padded to the modeled big model, and how sizes are scaled."""
+
+    time_scale: float = _f(1.0, "multiplies every modeled compute duration (prefill, decode "
+                           "step, extend); < 1 runs faster than the modeled hardware", lo=1e-6)
+    kv_scale_k: float = _f(10.0, "bandwidth scale k: KV payloads are modeled bytes / k", lo=1.0)
+    kv_bytes_per_token: int = _f(BIG_MODEL.kv_bytes_per_token, "modeled KV bytes per token", lo=1)
+    n_chips: int = _f(4, "chips per P / RLD / MD instance", lo=1)
+    connect_timeout_s: float = _f(10.0, "how long a role retries connecting to a peer", lo=0.0)
+
+    def cost(self, role: Role) -> CostModel:
+        """GPU_A for P and RLD, GPU_B for MD."""
+        chip = GPU_B if role == Role.MAIN_DECODE else GPU_A
+        profile = ModelProfile(kv_bytes_per_token=self.kv_bytes_per_token)
+        return CostModel(chip, profile, self.n_chips)
+
+    def modeled_kv_bytes(self, n_tokens: int) -> int:
+        """Bytes that n tokens of KV take on the wire: ``n * kv_bytes_per_token / k``."""
+        return int(n_tokens * self.kv_bytes_per_token / self.kv_scale_k)
+
+
+@dataclass(frozen=True)
+class PrefillConfig:
+    block_size: int = _f(16, "prefix-cache block (P's cache, MD's DRC, router mirror)", lo=1)
+    cache_capacity_tokens: int = _f(65536, "P's prefix cache capacity", lo=0)
+    kv_chunk_tokens: int = _f(64, "tokens of KV per KV_CHUNK frame", lo=1)
+
+
+@dataclass(frozen=True)
+class RelayConfig:
+    handoff_mode: HandoffMode = _f(HandoffMode.CATCH_UP, "one-shot | catch-up")
+    catchup_threshold: int = _f(64, "catch-up: a batch of at most this many tokens is final",
+                                lo=0)
+    catchup_max_batches: int = _f(8, "catch-up: the batch with this number (1-based) is final "
+                                  "whatever its size, so a slow WAN cannot loop forever", lo=1)
+
+
+@dataclass(frozen=True)
+class MainConfig:
+    drc_capacity_tokens: int = _f(65536, "MD's decode-side radix cache capacity", lo=0)
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    relay_threshold_s: float = _f(0.5, "pdd: p-rld-md when expected WAN KV time >= this", lo=0.0)
+    rld_max_active: int = _f(64, "pdd: p-md when RLD already holds this many requests", lo=0)
+    anomalous_filter: bool = _f(True, "long input + short output -> rld-only (no WAN)")
+    anomalous_min_input_tokens: int = _f(32768, "anomalous filter: prompt length >=", lo=1)
+    anomalous_max_output_tokens: int = _f(500, "anomalous filter: max output <", lo=1)
+    wan_prior_gbit: float = _f(10.0, "WAN estimate before MD's first report, nominal Gbit/s",
+                               lo=1e-9)
+    wan_rtt_s: float = _f(0.1, "WAN round-trip time added to the expected KV time", lo=0.0)
+    wan_ewma_alpha: float = _f(0.3, "weight of a new MD rate sample in the estimate",
+                               lo=0.0, hi=1.0)
+    wan_sample_min_bytes: int = _f(65536, "smaller transfers are not used as rate samples",
+                                   lo=0)
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    request_timeout_s: float = _f(30.0, "a request not finished this long after sending fails",
+                                  lo=0.0)
+    report_grace_s: float = _f(2.0, "after the last request ends, wait this long for REPORTs",
+                               lo=0.0)
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """Everything a PDD role process needs; ``instances`` lists every process."""
+
+    instances: tuple[Instance, ...] = field(default=(), metadata={"help": "every role process"})
+    mode: Mode = _f(Mode.PDD, "pdd | cross-dc-pd | same-dc-pd | p-rld")
+    model: ModelConfig = field(default_factory=ModelConfig, metadata={"help": "tiny model"})
+    timing: TimingConfig = field(default_factory=TimingConfig, metadata={"help": "pacing"})
+    prefill: PrefillConfig = field(default_factory=PrefillConfig, metadata={"help": "P"})
+    relay: RelayConfig = field(default_factory=RelayConfig, metadata={"help": "RLD"})
+    main: MainConfig = field(default_factory=MainConfig, metadata={"help": "MD"})
+    router: RouterConfig = field(default_factory=RouterConfig, metadata={"help": "router"})
+    client: ClientConfig = field(default_factory=ClientConfig, metadata={"help": "client"})
+
+    def instance(self, name: str) -> Instance:
+        for inst in self.instances:
+            if inst.name == name:
+                return inst
+        raise KeyError(f"no instance named {name!r}")
+
+    def of_role(self, role: Role) -> tuple[Instance, ...]:
+        return tuple(i for i in self.instances if i.role == role)
+
+
+_NEEDS = {  # roles each mode needs at least one of
+    Mode.PDD: (Role.PREFILL, Role.RELAY_DECODE, Role.MAIN_DECODE, Role.ROUTER),
+    Mode.CROSS_DC_PD: (Role.PREFILL, Role.MAIN_DECODE, Role.ROUTER),
+    Mode.SAME_DC_PD: (Role.PREFILL, Role.RELAY_DECODE, Role.ROUTER),
+    Mode.P_RLD: (Role.PREFILL, Role.RELAY_DECODE, Role.MAIN_DECODE, Role.ROUTER),
+}
+
+
+def _parse_value(tp: Any, value: Any, file: str, path: str, meta: dict) -> Any:
+    def bad(expected: str) -> SpecError:
+        return SpecError(file, path, expected, value)
+
+    if dataclasses.is_dataclass(tp):
+        return parse_section(tp, value, file, path)
+    if typing.get_origin(tp) is tuple:
+        if not isinstance(value, list):
+            raise bad("a list")
+        item = typing.get_args(tp)[0]
+        return tuple(_parse_value(item, v, file, f"{path}[{i}]", meta)
+                     for i, v in enumerate(value))
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        names = ([m.name.lower() for m in tp] if tp is Role else [m.value for m in tp])
+        if value not in names:
+            raise bad(" | ".join(names))
+        return tp[value.upper()] if tp is Role else tp(value)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise bad("true or false")
+        return value
+    if tp in (int, float):
+        ok = isinstance(value, int) or (tp is float and isinstance(value, float))
+        if not ok or isinstance(value, bool):
+            raise bad("an integer" if tp is int else "a number")
+        if value < meta.get("lo", float("-inf")) or value > meta.get("hi", float("inf")):
+            raise bad(f"a value in [{meta.get('lo', '-inf')}, {meta.get('hi', 'inf')}]")
+        return tp(value)
+    if tp is str:
+        if not isinstance(value, str) or ("choices" in meta and value not in meta["choices"]):
+            raise bad(" | ".join(meta["choices"]) if "choices" in meta else "a string")
+        return value
+    raise TypeError(f"config field type {tp!r} is not supported")
+
+
+def parse_section(cls: type, obj: Any, file: str, path: str) -> Any:
+    """Build dataclass ``cls`` from a JSON object; unknown keys are errors."""
+    if not isinstance(obj, dict):
+        raise SpecError(file, path, f"an object ({cls.__name__})", obj)
+    hints = typing.get_type_hints(cls)
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    for key in obj:
+        if key not in known:
+            raise SpecError(file, f"{path}.{key}".lstrip("."),
+                            f"one of {sorted(known)}", "an unknown key")
+    for name, fld in known.items():
+        if fld.metadata.get("required") and name not in obj:
+            raise SpecError(file, f"{path}.{name}".lstrip("."), "a value (required)", None)
+    values = {k: _parse_value(hints[k], v, file, f"{path}.{k}".lstrip("."),
+                              dict(known[k].metadata)) for k, v in obj.items()}
+    try:
+        return cls(**values)
+    except (TypeError, ValueError) as err:
+        raise SpecError(file, path, f"a valid {cls.__name__}", str(err)) from None
+
+
+def _check_instances(cfg: ClusterConfig, file: str) -> None:
+    names = [i.name for i in cfg.instances]
+    for k, inst in enumerate(cfg.instances):
+        if not inst.name:
+            raise SpecError(file, f"instances[{k}].name", "a non-empty name", inst.name)
+        if names.count(inst.name) > 1:
+            raise SpecError(file, f"instances[{k}].name", "a unique name", inst.name)
+        if inst.role != Role.CLIENT and inst.port == 0:
+            raise SpecError(file, f"instances[{k}].port", "a port for a listening role", 0)
+    for role in _NEEDS[cfg.mode]:
+        if not cfg.of_role(role):
+            raise SpecError(file, "instances", f"at least one {role.name.lower()} instance "
+                            f"for mode {cfg.mode.value}", names)
+    if len(cfg.of_role(Role.ROUTER)) != 1:
+        raise SpecError(file, "instances", "exactly one router", names)
+
+
+def parse_config(obj: Any, file: str = "<config>") -> ClusterConfig:
+    """Validate a JSON object as a ``ClusterConfig``.
+
+    Example: ``parse_config(json.load(open("cluster.json")), "cluster.json")``.
+    """
+    cfg = parse_section(ClusterConfig, obj, file, "")
+    _check_instances(cfg, file)
+    return cfg
+
+
+def load_config(path: str | Path) -> ClusterConfig:
+    """Read and validate a cluster config file: ``load_config("cluster.json")``."""
+    path = Path(path)
+    try:
+        obj = json.loads(path.read_text())
+    except ValueError as err:
+        raise SpecError(str(path), "", "valid JSON", str(err)) from None
+    return parse_config(obj, str(path))
+
+
+def config_to_dict(cfg: Any) -> Any:
+    """The JSON form of a config (what ``parse_config`` reads back)."""
+    if dataclasses.is_dataclass(cfg):
+        return {f.name: config_to_dict(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
+    if isinstance(cfg, tuple):
+        return [config_to_dict(v) for v in cfg]
+    if isinstance(cfg, Role):
+        return cfg.name.lower()
+    if isinstance(cfg, enum.Enum):
+        return cfg.value
+    return cfg

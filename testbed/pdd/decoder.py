@@ -1,0 +1,159 @@
+"""Continuous-batching decode loop shared by RLD and MD.
+
+Owns the active sequences of one decode instance and the step loop. Every
+step decodes one token for each active sequence (real tiny-model compute,
+one ``decode_step`` per sequence) and runs every queued ``extend`` (MD's
+recompute of handed-over token ids) in the same step; the step is then
+padded to the cost model's time for the whole pass (``CostModel.pass_s``
+of ``(1, context)`` per sequence plus ``(n, context)`` per extend, times
+``time_scale``). Tokens exist only once the step's modeled time is over:
+then they are handed to the role's ``sink`` in one call.
+
+Sequence lifecycle: ``join(seq)`` (the role has emitted ``seq.next_token``
+at ``seq.next_position - 1``) -> each step produces ``next_position`` ->
+the loop drops the sequence itself after producing position
+``max_out - 1`` (``finished`` is True in the sink) -> or the role calls
+``leave(rid)`` at any time; a token computed for a sequence that left
+during the step is discarded, never emitted.
+
+Example::
+
+    loop = DecodeLoop(model, CostModel(GPU_B), AsyncPacer(0.5), sink)
+    loop.start()
+    loop.join(Seq(rid=7, cache=cache, next_token=t0, next_position=1, max_out=32))
+    tok = await loop.extend(cache, (5, 9, 11))   # argmax after the three ids
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from testbed.pdd.costmodel import CostModel
+from testbed.pdd.model import KVCache, TinyDecoder, argmax
+from testbed.pdd.pacing import AsyncPacer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class Seq:
+    """One request being decoded; ``next_token`` is fed to produce ``next_position``."""
+
+    rid: int
+    cache: KVCache
+    next_token: int
+    next_position: int
+    max_out: int
+    overruns: int = 0  # steps of this sequence whose real compute exceeded the modeled time
+
+
+@dataclass(frozen=True)
+class Emitted:
+    """A token a step produced: ``finished`` when it was the sequence's last position."""
+
+    seq: Seq
+    position: int
+    token_id: int
+    finished: bool
+
+
+Sink = Callable[[list[Emitted]], Awaitable[None]]
+
+
+@dataclass(eq=False)
+class _ExtendJob:
+    cache: KVCache
+    token_ids: tuple[int, ...]
+    future: asyncio.Future
+
+
+class DecodeLoop:
+    """The step loop of one decode instance (see the module docstring)."""
+
+    def __init__(self, model: TinyDecoder, cost: CostModel, pacer: AsyncPacer, sink: Sink):
+        self.model, self.cost, self.pacer, self._sink = model, cost, pacer, sink
+        self.active: dict[int, Seq] = {}
+        self._extends: list[_ExtendJob] = []
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self.n_steps = 0
+        self.max_batch = 0
+
+    @property
+    def load(self) -> int:
+        return len(self.active)
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+        self._task.add_done_callback(_log_crash)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        for job in self._extends:
+            job.future.cancel()
+
+    def join(self, seq: Seq) -> None:
+        if seq.rid in self.active:
+            raise ValueError(f"request {seq.rid} is already decoding")
+        if seq.next_position >= seq.max_out:
+            raise ValueError(f"request {seq.rid} has nothing left to decode")
+        self.active[seq.rid] = seq
+        self._wake.set()
+
+    def leave(self, rid: int) -> Seq | None:
+        return self.active.pop(rid, None)
+
+    def extend(self, cache: KVCache, token_ids: tuple[int, ...]) -> asyncio.Future:
+        """Queue an extend pass for the next step; the future gives the argmax after it."""
+        if not token_ids:
+            raise ValueError("extend needs at least one token id")
+        fut = asyncio.get_running_loop().create_future()
+        self._extends.append(_ExtendJob(cache, tuple(token_ids), fut))
+        self._wake.set()
+        return fut
+
+    async def _run(self) -> None:
+        while True:
+            if not self.active and not self._extends:
+                self._wake.clear()
+                await self._wake.wait()
+            await self._step()
+
+    async def _step(self) -> None:
+        seqs, jobs = list(self.active.values()), self._extends
+        self._extends = []
+        segments = [(1, s.cache.length) for s in seqs]
+        segments += [(len(j.token_ids), j.cache.length) for j in jobs]
+        t0 = time.monotonic()
+        tokens = [argmax(self.model.decode_step(s.cache, s.next_token)) for s in seqs]
+        predicted = [argmax(self.model.extend(j.cache, j.token_ids)) for j in jobs]
+        overrun = await self.pacer.pad(self.cost.pass_s(segments), time.monotonic() - t0)
+        self.n_steps += 1
+        self.max_batch = max(self.max_batch, len(seqs))
+        for job, tok in zip(jobs, predicted):
+            if not job.future.done():
+                job.future.set_result(tok)
+        out = []
+        for seq, tok in zip(seqs, tokens):
+            if self.active.get(seq.rid) is not seq:
+                continue  # left during the step: this token never existed
+            seq.overruns += overrun
+            position = seq.next_position
+            seq.next_token, seq.next_position = tok, position + 1
+            finished = seq.next_position >= seq.max_out
+            if finished:
+                del self.active[seq.rid]
+            out.append(Emitted(seq, position, tok, finished))
+        if out:
+            await self._sink(out)
+
+
+def _log_crash(task: asyncio.Task) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("decode loop crashed", exc_info=task.exception())

@@ -1,0 +1,191 @@
+"""What every PDD role process shares: listening, greeting, dispatching, peer links.
+
+Owns ``Peer`` (a connection plus who is on the other end) and ``RoleServer``,
+the base class of P, RLD, MD and the router. Connection lifecycle:
+
+- inbound: the role listens on its instance's (host, port); the first frame
+  of every accepted connection must be HELLO (else ProtocolError: that
+  connection is closed, the role keeps serving); then each frame goes to
+  ``on_frame(peer, frame)``, one at a time per connection;
+- outbound: ``await self.peer(name)`` connects to another instance of the
+  cluster on first use (retrying for ``timing.connect_timeout_s``), sends
+  HELLO and reads that connection's frames into ``on_frame`` as well;
+- either way, when a connection ends (peer closed, bad frame, our stop())
+  ``on_peer_lost(peer)`` runs once.
+
+Handlers must not block for long: long work (prefill, KV shipping) is
+spawned as tasks with ``spawn``, which logs a task's crash.
+
+Lifecycle of a role: ``await role.start()`` (listening) -> serve ->
+``await role.stop()`` (idempotent: closes listener and every connection,
+cancels spawned tasks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from typing import ClassVar
+
+from testbed.errors import ProtocolError
+from testbed.pdd.config import ClusterConfig, Instance
+from testbed.pdd.protocol import HEADER_SIZE, Frame, Hello, Message, Role
+from testbed.pdd.transport import Connection, ConnectionClosed, Listener, Transport
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class Peer:
+    """A live connection and the role/name its HELLO announced."""
+
+    conn: Connection
+    role: Role
+    name: str
+    outbound: bool
+
+    async def send(self, rid: int, message: Message) -> bool:
+        """Send one frame; False (logged) if the connection is gone."""
+        try:
+            await self.conn.send(Frame(rid, message))
+            return True
+        except ConnectionClosed as err:
+            log.info("cannot send %s for request %d to %s: %s",
+                     message.MSG_TYPE.name, rid, self.name, err)
+            return False
+
+
+def frame_bytes(message: Message) -> int:
+    """Bytes a frame carrying ``message`` takes on the wire (header + payload)."""
+    return HEADER_SIZE + len(message.encode())
+
+
+class RoleServer:
+    """Base of the role processes (see the module docstring)."""
+
+    ROLE: ClassVar[Role]
+
+    def __init__(self, cfg: ClusterConfig, name: str, transport: Transport):
+        self.cfg, self.transport = cfg, transport
+        self.inst: Instance = cfg.instance(name)
+        if self.inst.role != self.ROLE:
+            raise ValueError(f"instance {name!r} is a {self.inst.role.name}, not {self.ROLE.name}")
+        self.name = name
+        self._listener: Listener | None = None
+        self._out: dict[str, Peer] = {}
+        self._connecting: dict[str, asyncio.Future] = {}
+        self._tasks: set[asyncio.Task] = set()
+        self._stopped = False
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return self._listener.address if self._listener else (self.inst.host, self.inst.port)
+
+    async def start(self) -> None:
+        self._listener = await self.transport.serve(self.inst.host, self.inst.port, self._serve)
+        await self.on_start()
+
+    async def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        await self.on_stop()
+        for task in list(self._tasks):
+            task.cancel()
+        if self._listener is not None:
+            self._listener.close()
+        for peer in list(self._out.values()):
+            peer.conn.close()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._listener is not None:
+            await self._listener.wait_closed()
+
+    # -- hooks ---------------------------------------------------------------
+    async def on_start(self) -> None:
+        """Runs once listening."""
+
+    async def on_stop(self) -> None:
+        """Runs first in ``stop()``."""
+
+    async def on_frame(self, peer: Peer, frame: Frame) -> None:
+        raise NotImplementedError
+
+    async def on_peer_lost(self, peer: Peer) -> None:
+        """A connection ended (either direction)."""
+
+    # -- helpers ---------------------------------------------------------------
+    def spawn(self, coro: Coroutine, what: str) -> asyncio.Task:
+        task = asyncio.get_running_loop().create_task(coro, name=f"{self.name}:{what}")
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("%s: task %s failed", self.name, task.get_name(),
+                      exc_info=task.exception())
+
+    async def peer(self, name: str) -> Peer:
+        """The outbound connection to instance ``name``, opened on first use.
+
+        Raises ConnectionClosed if it cannot be opened within the connect timeout.
+        """
+        if name in self._out and not self._out[name].conn.closed:
+            return self._out[name]
+        if name not in self._connecting:
+            fut = asyncio.get_running_loop().create_future()
+            self._connecting[name] = fut
+            self.spawn(self._open(name, fut), f"connect {name}")
+        return await asyncio.shield(self._connecting[name])
+
+    async def _open(self, name: str, fut: asyncio.Future) -> None:
+        try:
+            conn = await self._connect_with_retry(self.cfg.instance(name))
+            await conn.send(Frame(0, Hello(self.ROLE, self.name)))
+            peer = Peer(conn, self.cfg.instance(name).role, name, outbound=True)
+            self._out[name] = peer
+            fut.set_result(peer)
+        except (OSError, ConnectionClosed, asyncio.TimeoutError) as err:
+            fut.set_exception(ConnectionClosed(f"{self.name} cannot reach {name}: {err}"))
+            fut.exception()  # mark retrieved: callers may have gone
+            return
+        finally:
+            del self._connecting[name]
+        await self._read_loop(peer)
+
+    async def _connect_with_retry(self, inst: Instance) -> Connection:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.cfg.timing.connect_timeout_s
+        while True:
+            try:
+                return await self.transport.connect(inst.host, inst.port)
+            except OSError:
+                if loop.time() >= deadline or self._stopped:
+                    raise
+                await asyncio.sleep(0.05)
+
+    async def _serve(self, conn: Connection) -> None:
+        first = await conn.recv()
+        if not isinstance(first.message, Hello):
+            raise ProtocolError(f"first frame must be HELLO, got {first.msg_type.name}")
+        hello = first.message
+        await self._read_loop(Peer(conn, hello.role, hello.name, outbound=False))
+
+    async def _read_loop(self, peer: Peer) -> None:
+        try:
+            while True:
+                frame = await peer.conn.recv()
+                await self.on_frame(peer, frame)
+        except (ConnectionClosed, ProtocolError) as err:
+            if not peer.outbound:
+                raise  # run_handler logs it and closes only this connection
+            log.info("%s: connection to %s ended: %s", self.name, peer.name, err)
+        finally:
+            peer.conn.close()
+            if self._out.get(peer.name) is peer:
+                del self._out[peer.name]
+            if not self._stopped:
+                await self.on_peer_lost(peer)

@@ -1,0 +1,222 @@
+"""report.md: the human report of a run, rendered from its summary.
+
+Owns ``render`` and the number formatting of the report. Sections: result,
+what ran (scenario, topology, backend, k, seed, faults configured and the
+fault/link events of each mode), metrics per mode (nominal figures, the
+emulated ones alongside where they differ), comparisons, expectations,
+versus the paper (pdd-brief.md's published figures), plots. Pure: takes
+the loaded run, the summary dict and the plots; returns the Markdown text.
+Nothing time-dependent is written, so re-running gives identical bytes.
+
+Example::
+
+    text = render(run, summarize(run), plots)
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Mapping, Sequence
+
+from testbed.report.events import TIMELINE_KINDS, describe, workload_t0
+from testbed.report.metrics import link_bytes
+from testbed.report.plots import Plot
+from testbed.report.rundir import RunData
+from testbed.report.summary import baseline_of
+
+ROWS = (  # (summary key, label)
+    ("requests_total", "requests"), ("requests_completed", "completed"),
+    ("requests_failed", "failed"), ("tokens_lost", "tokens lost"),
+    ("tokens_duplicated", "tokens duplicated"), ("ttft_p50_s", "TTFT p50"),
+    ("ttft_p90_s", "TTFT p90"), ("ttft_p99_s", "TTFT p99"), ("tpot_p50_ms", "TPOT p50"),
+    ("e2e_p99_s", "end-to-end p99"), ("goodput_rps", "goodput within SLA"),
+    ("handoff_stall_p99_ms", "handoff stall p99"), ("wan_bytes", "WAN bytes (roles)"),
+    ("intra_dc_bytes", "intra-DC bytes (roles)"), ("rld_token_share", "RLD share of tokens"),
+    ("relayed_share", "relayed share of requests"))
+PAPER_MODE, PAPER_BASELINE = "pdd", "cross-dc-pd"
+
+
+def fmt(metric: str, v: object) -> str:
+    """A metric value with its unit, 'n/a' for null."""
+    if v is None:
+        return "n/a"
+    if metric.endswith("_s"):
+        return f"{v:.3g} s"
+    if metric.endswith("_ms"):
+        return f"{v:.3g} ms"
+    if metric.endswith("_share"):
+        return f"{100 * v:.1f}%"
+    if metric.endswith("bytes"):
+        return fmt_bytes(v)
+    if metric.endswith("_rps"):
+        return f"{v:.3g} req/s"
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def fmt_bytes(v: float) -> str:
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(v) >= size:
+            return f"{v / size:.3g} {unit}"
+    return f"{v:.0f} B"
+
+
+def pct(change: float | None) -> str:
+    return "n/a" if change is None else f"{change:+.1f}%"
+
+
+def _kv(d: Mapping) -> str:
+    return ", ".join(f"{k}={json.dumps(v) if isinstance(v, (dict, list)) else v}"
+                     for k, v in d.items())
+
+
+def topology_line(topo: object) -> str:
+    """'two-dc: DC a (p1, rld1, ...), DC b (md1, ...); WAN 10 Gbit/s, RTT 40 ms'."""
+    if not isinstance(topo, Mapping):
+        return str(topo) if topo else "not recorded"
+    dcs = ", ".join(f"DC {dc.get('name')} ({', '.join(h.get('name', '?') for h in dc.get('hosts') or [])})"
+                    for dc in topo.get("datacenters") or [])
+    wan = topo.get("wan") or {}
+    link = wan.get("link") or wan.get("a_to_b") or wan
+    parts = [f"{topo.get('name', '?')}: {dcs}" if dcs else str(topo.get("name", "?"))]
+    if link.get("rate_gbit") is not None:
+        rtt = "" if link.get("delay_ms") is None else f", RTT {2 * link['delay_ms']:g} ms"
+        parts.append(f"WAN {link['rate_gbit']:g} Gbit/s{rtt}")
+    return "; ".join(parts)
+
+
+def _what_ran(run: RunData) -> list[str]:
+    md, res = run.metadata, run.resolved
+    out = ["## What ran", ""]
+    if res.get("description"):
+        out += [str(res["description"]).strip(), ""]
+    out += [f"- scenario: `{md.get('scenario')}` ({md.get('scenario_file', 'file not recorded')})",
+            f"- topology: {topology_line(md.get('topology'))}",
+            f"- backend: {md.get('backend')}; bandwidth scale k = {run.scale:g} "
+            "(emulated rates and bytes are nominal / k; figures below are nominal)",
+            f"- seed: {md.get('seed')}; modes, in run order: {', '.join(run.mode_names)}",
+            f"- host: {md.get('hostname')}, kernel {md.get('kernel')}, python "
+            f"{md.get('python')}, git {md.get('git_revision')}, started {md.get('started_wall')}"]
+    sla = res.get("sla") or {}
+    out.append(f"- SLA: {_kv(sla) if sla else 'none (goodput counts every completed request)'}")
+    out += ["", "Faults configured:", ""]
+    out += [f"- {_kv(f)}" for f in res.get("faults") or []] or ["- none"]
+    for m in run.modes:
+        t0 = workload_t0(m.events)
+        t0 = t0 if t0 is not None else min((e["t_mono"] for e in m.events), default=0.0)
+        lines = [describe(e, t0) for e in sorted(m.events, key=lambda e: e["t_mono"])
+                 if e.get("kind") in TIMELINE_KINDS]
+        out += ["", f"Events of `{m.name}` (time from workload start):", ""]
+        out += [f"- {x}" for x in lines] or ["- no fault or link event"]
+        out += [f"- note: {n}" for n in m.notes]
+    return out + [""]
+
+
+def _metrics_table(run: RunData, summary: dict) -> list[str]:
+    modes = summary["modes"]
+    names = list(modes)
+    out = ["## Metrics per mode", "",
+           "| metric | " + " | ".join(f"`{n}`" for n in names) + " |",
+           "|---|" + "---:|" * len(names)]
+    for key, label in ROWS:
+        cells = []
+        for n in names:
+            v = modes[n][key]
+            em = modes[n]["emulated"].get(key)
+            cells.append(fmt(key, v) + ("" if em is None or em == v
+                                        else f" (emulated {fmt(key, em)})"))
+        out.append(f"| {label} | " + " | ".join(cells) + " |")
+    wan = [link_bytes(m.links, "wan") for m in run.modes]
+    cells = [", ".join(f"{d} {fmt_bytes(b * run.scale)}" for d, b in sorted(w.items())) or "n/a"
+             for w in wan]
+    out.append("| WAN link counters (links.csv) | " + " | ".join(cells) + " |")
+    out += ["", "Times are real; bytes are nominal (emulated x k). \"(roles)\" bytes are what "
+            "the roles sent for requests (KV on each path, plus handoff token IDs on the WAN, "
+            "which the x k overstates slightly); the link counters count everything on the WAN "
+            "link, cross traffic and headers included. Percentiles are over completed requests.",
+            ""]
+    return out
+
+
+def _comparisons(summary: dict) -> list[str]:
+    rows = summary["comparisons"]
+    out = ["## Comparisons", ""]
+    if not rows:
+        return out + ["Only one mode ran: nothing to compare.", ""]
+    out += ["| metric | mode | baseline | value | baseline value | ratio | change |",
+            "|---|---|---|---:|---:|---:|---:|"]
+    for c in rows:
+        r = "n/a" if c["ratio"] is None else f"{c['ratio']:.3g}"
+        out.append(f"| {c['metric']} | `{c['mode']}` | `{c['baseline']}` | "
+                   f"{fmt(c['metric'], c['value'])} | {fmt(c['metric'], c['baseline_value'])} | "
+                   f"{r} | {pct(c['change_pct'])} |")
+    return out + [""]
+
+
+def _expectations(summary: dict) -> list[str]:
+    out = ["## Expectations", ""]
+    for e in summary["expectations"]:
+        v = "null" if e["value"] is None else f"{e['value']:.4g}"
+        out.append(f"- **{'PASS' if e['passed'] else 'FAIL'}** `{e['name']}`: value {v}; "
+                   f"wanted {e['bound']}")
+    if not summary["expectations"]:
+        out.append("- the scenario states no expectation")
+    for name, m in summary["modes"].items():
+        if m["tokens_lost"] or m["tokens_duplicated"]:
+            out.append(f"- **FAIL** `{name}` lost {m['tokens_lost']} and duplicated "
+                       f"{m['tokens_duplicated']} tokens (must be 0: exactly-once handoff)")
+    return out + [""]
+
+
+def _versus_paper(run: RunData, summary: dict) -> list[str]:
+    modes = summary["modes"]
+    out = ["## Versus the paper", ""]
+    if PAPER_MODE not in modes or PAPER_BASELINE not in modes:
+        return out + [f"Needs modes `{PAPER_MODE}` and `{PAPER_BASELINE}` in one run.", ""]
+    changes = {c["metric"]: c for c in summary["comparisons"]
+               if c["mode"] == PAPER_MODE and c["baseline"] == PAPER_BASELINE}
+
+    def change(metric: str) -> str:
+        return pct(changes[metric]["change_pct"]) if metric in changes else "n/a"
+
+    p, b = modes[PAPER_MODE], modes[PAPER_BASELINE]
+    ttft = " / ".join(change(f"ttft_p{q}_s") for q in (50, 90, 99))
+    base = " / ".join("n/a" if b[f"ttft_p{q}_s"] is None else f"{b[f'ttft_p{q}_s']:.3g}"
+                      for q in (50, 90, 99))
+    wan = changes.get("wan_bytes", {}).get("ratio")
+    out += ["| figure | this run | paper (pdd-brief.md) |", "|---|---:|---:|",
+            f"| TTFT change, pdd vs cross-DC PD (P50 / P90 / P99) | {ttft} | -51.5% |",
+            f"| cross-DC PD baseline TTFT P50 / P90 / P99 | {base} s | 4.2 / 18.3 / 29.7 s |",
+            f"| goodput within SLA, pdd vs cross-DC PD | {change('goodput_rps')} | +27.8% |",
+            f"| RLD share of output tokens (pdd) | {fmt('rld_token_share', p['rld_token_share'])} "
+            "| 6.2% |",
+            f"| WAN bytes, pdd / cross-DC PD | {'n/a' if wan is None else f'{wan:.3g}'} | "
+            "no figure; ~1 expected (both send the missing KV; PDD adds handoff token IDs) |",
+            "", f"Caveat: the paper measured 64K-token contexts with 1K-token outputs on real "
+            f"GPUs and a real WAN; this run used the scenario's workload ("
+            f"{summary['modes'][PAPER_MODE]['requests_total']} requests per mode), a tiny model "
+            f"padded to a cost model, and an emulated WAN at bandwidth scale k = {run.scale:g}. "
+            "Compare directions and orders of magnitude, not the exact figures.", ""]
+    return out
+
+
+def _plots(plots: Sequence[Plot]) -> list[str]:
+    out = ["## Plots", ""]
+    for p in plots:
+        if p.drawn:
+            out += [f"### {p.title}", "", f"![{p.title}]({p.path.name})", ""]
+        else:
+            out += [f"- {p.title}: not drawn ({p.note})"]
+    return out + [""]
+
+
+def render(run: RunData, summary: dict, plots: Sequence[Plot]) -> str:
+    """The whole report.md text."""
+    failed = [e["name"] for e in summary["expectations"] if not e["passed"]]
+    verdict = "PASSED" if summary["passed"] else "FAILED"
+    why = f" (failed: {', '.join(failed)})" if failed else ""
+    head = [f"# Run report: {summary['scenario']}", "",
+            f"**Result: {verdict}**{why}. Baseline for comparisons: "
+            f"`{baseline_of(run)}`. Machine-readable figures: [summary.json](summary.json).", ""]
+    lines = (head + _what_ran(run) + _metrics_table(run, summary) + _comparisons(summary)
+             + _expectations(summary) + _versus_paper(run, summary) + _plots(plots))
+    return "\n".join(lines).rstrip() + "\n"

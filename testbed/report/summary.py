@@ -1,0 +1,80 @@
+"""summary.json: assembling the contract from a loaded run.
+
+Owns BASELINE_MODE, ``summarize``, ``comparison_plan`` and ``summary_json``.
+The keys and their order are docs/run-directory.md's contract; metrics come
+from ``testbed.report.metrics``, expectation results from
+``testbed.report.expectations``. Pure: the caller writes the file.
+
+Comparisons: every mode against the baseline (the scenario's ``baseline``
+if it names a mode that ran, else ``cross-dc-pd`` if it ran, else the first
+mode) on DEFAULT_COMPARED, plus every (mode, baseline) pair and metric a
+comparison expectation names.
+
+Example::
+
+    summary = summarize(load_run("runs/wan-fault"))
+    summary["modes"]["pdd"]["ttft_p90_s"], summary["passed"]
+"""
+
+from __future__ import annotations
+
+import json
+
+from testbed.report.expectations import evaluate
+from testbed.report.metrics import DEFAULT_COMPARED, Sla, compare, mode_metrics
+from testbed.report.rundir import RunData
+
+BASELINE_MODE = "cross-dc-pd"
+
+
+def baseline_of(run: RunData) -> str | None:
+    names = run.mode_names
+    wanted = run.resolved.get("baseline")
+    if wanted in names:
+        return wanted
+    if BASELINE_MODE in names:
+        return BASELINE_MODE
+    return names[0] if names else None
+
+
+def comparison_plan(run: RunData) -> tuple[list[str], list[tuple[str, str]]]:
+    """(metrics, (mode, baseline) pairs) to compare."""
+    base = baseline_of(run)
+    metrics = list(DEFAULT_COMPARED)
+    pairs = [(m, base) for m in run.mode_names if base is not None and m != base]
+    for e in run.resolved.get("expectations") or []:
+        if "baseline" not in e:
+            continue
+        if (e["mode"], e["baseline"]) not in pairs:
+            pairs.append((e["mode"], e["baseline"]))
+        if e["metric"] not in metrics:
+            metrics.append(e["metric"])
+    return metrics, pairs
+
+
+def tokens_intact(mode: dict) -> bool:
+    return mode["tokens_lost"] == 0 and mode["tokens_duplicated"] == 0
+
+
+def summarize(run: RunData) -> dict:
+    """The summary.json object of a run (raises ExpectationError for a broken expectation)."""
+    sla = Sla.from_resolved(run.resolved)
+    modes = {m.name: mode_metrics(m.requests, m.events, sla, run.scale) for m in run.modes}
+    for m in modes.values():  # nominal bytes are counts
+        m["wan_bytes"], m["intra_dc_bytes"] = round(m["wan_bytes"]), round(m["intra_dc_bytes"])
+    results = evaluate(run.resolved.get("expectations") or [], modes)
+    metrics, pairs = comparison_plan(run)
+    return {
+        "scenario": run.metadata.get("scenario") or run.resolved.get("name") or run.path.name,
+        "backend": run.metadata.get("backend"),
+        "scale": run.scale,
+        "modes": modes,
+        "comparisons": compare(modes, metrics, pairs),
+        "expectations": results,
+        "passed": all(r["passed"] for r in results) and all(map(tokens_intact, modes.values())),
+    }
+
+
+def summary_json(summary: dict) -> str:
+    """Strict JSON (no NaN), stable formatting so re-running rewrites identical bytes."""
+    return json.dumps(summary, indent=2, allow_nan=False) + "\n"

@@ -1,0 +1,1 @@
+"""The scenario runner: build, start roles, replay, inject faults, collect, report."""

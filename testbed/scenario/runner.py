@@ -1,0 +1,148 @@
+"""``testbed run``: one scenario, every mode on a fresh network, one report.
+
+Owns the run's lifecycle. For each mode: build the network (same topology,
+backend, k and seed for every mode), start the PDD roles in their hosts,
+start the client (which replays the identical workload), drive the fault
+timeline, sample the links, wait for the client to finish or the deadline,
+stop the roles and tear the network down (always: finally, SIGINT,
+SIGTERM). Then the report package turns the run directory into
+summary.json, report.md and plots.
+
+The core loop is small (vidur's simulator): pop the next timed action,
+run it; in between, sample links and refresh the status line.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from testbed.errors import EmulationError
+from testbed.net.build import make_plan
+from testbed.net.apply import EmulatedNetwork
+from testbed.net.backend import probe_backend
+from testbed.net.calibrate import parse_ping
+from testbed.net.events import EventLog
+from testbed.scenario.faults import Action, actions_for
+from testbed.scenario.metadata import write_metadata
+from testbed.scenario.sampler import SAMPLE_EVERY_S, LinkSampler
+from testbed.scenario.status import Status
+from testbed.spec.scenario import Mode, Scenario
+from testbed.spec.topology import Role
+
+PREFLIGHT_RTT_TOL_MS = 3.0
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    out_dir: Path
+    seed: int | None = None
+    scale: float | None = None
+    backend: str | None = None
+    dry_run: bool = False
+
+
+def run_timeline(actions: list[Action], t0: float, until, tick) -> None:
+    """Run actions at t0 + at_s until ``until()`` is true; ``tick()`` in between."""
+    seq = itertools.count()
+    heap = [(a.at_s, next(seq), a) for a in actions]
+    heapq.heapify(heap)
+    next_tick = time.monotonic()
+    while not until():
+        now = time.monotonic()
+        if heap and t0 + heap[0][0] <= now:
+            _, _, action = heapq.heappop(heap)
+            for more in action.run() or ():
+                if isinstance(more, Action):
+                    heapq.heappush(heap, (more.at_s, next(seq), more))
+            continue
+        if now >= next_tick:
+            tick()
+            next_tick = now + SAMPLE_EVERY_S
+        wake = min([next_tick] + ([t0 + heap[0][0]] if heap else []))
+        time.sleep(max(0.0, min(wake - time.monotonic(), 0.1)))
+
+
+def preflight(net) -> dict:
+    """The WAN delivers its configured RTT before any workload (else exit 2)."""
+    topo = net.plan.topology
+    a, b = topo.datacenters
+    src = next((h.name for h in a.hosts if Role.CLIENT in h.roles), a.hosts[0].name)
+    dst = next((h.name for h in b.hosts if Role.MAIN_DECODE in h.roles), b.hosts[0].name)
+    net.run(src, ["ping", "-c", "2", "-i", "0.2", "-W", "2", net.ip(dst)], timeout=20)
+    r = net.run(src, ["ping", "-q", "-c", "20", "-i", "0.02", "-W", "2", net.ip(dst)], timeout=30)
+    ping = parse_ping(r.stdout)
+    want = topo.wan.rtt_ms
+    jitter = topo.wan.a_to_b.jitter_ms + topo.wan.b_to_a.jitter_ms
+    ok = ping["received"] > 0 and abs(ping["avg_ms"] - want) <= PREFLIGHT_RTT_TOL_MS + jitter
+    net.events.record("preflight", rtt_configured_ms=want, rtt_measured_ms=ping["avg_ms"],
+                      passed=ok)
+    if not ok:
+        raise EmulationError(f"the WAN does not deliver its RTT: configured {want} ms, "
+                             f"measured {ping['avg_ms']} ms ({ping['received']}/20 replies)")
+    return ping
+
+
+def run_mode(sc: Scenario, mode: Mode, plan_args: dict, workload, out: Path) -> None:
+    from testbed.scenario.roles import start_roles
+
+    mode_dir = out / mode.value
+    mode_dir.mkdir(parents=True, exist_ok=True)
+    events = EventLog(mode_dir / "events.jsonl")
+    plan = make_plan(sc.topology, **plan_args)
+    with EmulatedNetwork(plan, events) as net:
+        preflight(net)
+        sampler = LinkSampler(net, mode_dir / "links.csv")
+        try:
+            roles = start_roles(net, sc, mode, workload, mode_dir)
+            actions = [a for fault in sc.faults for a in actions_for(fault, net, roles)]
+            status = Status(mode.value, workload, roles, sampler, sc.faults)
+            deadline = roles.t0 + workload.stats.span_s + sc.drain_s + \
+                sc.pdd.request_timeout_s
+            events.record("workload_start", n_requests=len(workload.requests))
+
+            def tick():
+                sampler.sample()
+                status.show(time.monotonic() - roles.t0)
+
+            run_timeline(actions, roles.t0, lambda: roles.client_done() or
+                         time.monotonic() > deadline, tick)
+            sampler.sample()
+            events.record("workload_end", client_exit=roles.client_exit(),
+                          timed_out=not roles.client_done())
+            status.finish()
+        finally:
+            sampler.close()
+            if "roles" in locals():
+                roles.stop()
+    events.close()
+
+
+def run_scenario(sc: Scenario, opts: RunOptions) -> dict:
+    """Run every mode of ``sc`` into opts.out_dir and build the report."""
+    from testbed.net.shaping import Backend
+    from testbed.report import build_report
+    from testbed.workload import build_workload
+
+    seed = sc.seed if opts.seed is None else opts.seed
+    backend_name = opts.backend or sc.backend
+    backend, _ = probe_backend(None if backend_name == "auto" else Backend(backend_name))
+    plan_args = {"backend": backend, "scale": opts.scale or sc.scale, "seed": seed}
+    scale = make_plan(sc.topology, **plan_args).scale
+    plan_args["scale"] = scale
+    workload = build_workload(sc.workload, Path(sc.file).parent)
+    opts.out_dir.mkdir(parents=True, exist_ok=True)
+    write_metadata(opts.out_dir, sc, backend.value, scale, seed, workload.stats)
+    print(f"testbed: {sc.name}: {len(workload.requests)} requests, modes "
+          f"{', '.join(m.value for m in sc.modes)}; backend {backend.value}, k={scale:g}; "
+          f"out {opts.out_dir}", file=sys.stderr)
+    for mode in sc.modes:
+        run_mode(sc, mode, plan_args, workload, opts.out_dir)
+    summary = build_report(opts.out_dir)
+    (opts.out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary

@@ -1,0 +1,198 @@
+"""Scenario specs: topology + overrides, modes, workload, faults, expectations.
+
+Owns Scenario and ``load_scenario``. A scenario names its topology (path
+relative to the scenario file), may override the WAN link, lists the modes
+to compare on identical workload and fault timeline, and states the
+expectations that say what it demonstrates. Pure: reading files only.
+
+Example::
+
+    sc = load_scenario("scenarios/quickstart.yaml")
+    sc.modes            # (Mode.PDD, Mode.CROSS_DC_PD)
+    sc.topology.wan.rtt_ms
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from testbed.errors import SpecError
+from testbed.spec.faults import FaultSpec, parse_faults
+from testbed.spec.link import parse_link
+from testbed.spec.reader import Fields, load_yaml
+from testbed.spec.topology import Topology, load_topology
+
+
+class Mode(enum.Enum):
+    PDD = "pdd"
+    CROSS_DC_PD = "cross-dc-pd"
+    SAME_DC_PD = "same-dc-pd"
+    P_RLD = "p-rld"
+
+
+class HandoffMode(enum.Enum):
+    ONE_SHOT = "one_shot"
+    CATCH_UP = "catch_up"
+
+
+# The summary.json metrics an expectation may bound (docs/run-directory.md).
+METRICS = ("requests_total", "requests_completed", "requests_failed", "tokens_lost",
+           "tokens_duplicated", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_p50_ms",
+           "e2e_p99_s", "goodput_rps", "handoff_stall_p99_ms", "wan_bytes", "intra_dc_bytes",
+           "rld_token_share", "relayed_share")
+OPS = ("==", "<=", "<", ">=", ">")
+
+
+@dataclass(frozen=True)
+class PddSettings:
+    """Role settings shared by every mode of a scenario."""
+
+    kv_bytes_per_token: int = 50_000     # modeled big model's KV per token (nominal)
+    handoff_mode: HandoffMode = HandoffMode.CATCH_UP
+    catchup_threshold_tokens: int = 64
+    anomalous_filter: bool = True
+    relay_threshold_s: float = 0.5       # expected WAN time above which pdd relays
+    time_scale: float = 1.0              # multiplies every modeled compute time
+    request_timeout_s: float = 120.0
+
+
+@dataclass(frozen=True)
+class Sla:
+    ttft_s: float = 2.0
+    tpot_ms: float = 200.0
+
+
+@dataclass(frozen=True)
+class Expectation:
+    name: str
+    metric: str
+    mode: str
+    op: str | None = None
+    value: float | None = None
+    baseline: str | None = None
+    max_ratio: float | None = None
+    min_ratio: float | None = None
+
+    def as_dict(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    file: str
+    description: str
+    topology: Topology
+    modes: tuple[Mode, ...]
+    workload: object            # testbed.workload.WorkloadSpec
+    faults: tuple[FaultSpec, ...]
+    expectations: tuple[Expectation, ...]
+    pdd: PddSettings = PddSettings()
+    sla: Sla = Sla()
+    seed: int = 1
+    scale: float | None = None  # None: automatic
+    backend: str = "auto"
+    drain_s: float = 60.0       # wait after the last arrival before failing what is left
+    extra: dict = field(default_factory=dict, compare=False)
+
+
+def _parse_pdd(f: Fields | None) -> PddSettings:
+    if f is None:
+        return PddSettings()
+    d = PddSettings()
+    s = PddSettings(
+        kv_bytes_per_token=f.int("kv_bytes_per_token", d.kv_bytes_per_token, lo=1),
+        handoff_mode=HandoffMode(f.choice("handoff_mode", tuple(m.value for m in HandoffMode),
+                                          d.handoff_mode.value)),
+        catchup_threshold_tokens=f.int("catchup_threshold_tokens", d.catchup_threshold_tokens,
+                                       lo=1),
+        anomalous_filter=f.bool("anomalous_filter", d.anomalous_filter),
+        relay_threshold_s=f.num("relay_threshold_s", d.relay_threshold_s, lo=0, unit="s"),
+        time_scale=f.num("time_scale", d.time_scale, lo=0, lo_open=True),
+        request_timeout_s=f.num("request_timeout_s", d.request_timeout_s, lo=0, lo_open=True,
+                                unit="s"))
+    f.done()
+    return s
+
+
+def _parse_expectation(f: Fields, modes: tuple[str, ...]) -> Expectation:
+    name = f.str("name")
+    metric = f.choice("metric", METRICS)
+    mode = f.choice("mode", modes)
+    if f.has("baseline"):
+        base = f.choice("baseline", tuple(m for m in modes if m != mode))
+        mx = f.num("max_ratio", None, lo=0)
+        mn = f.num("min_ratio", None, lo=0)
+        if mx is None and mn is None:
+            raise f.error("max_ratio", "max_ratio or min_ratio for a comparison", None)
+        e = Expectation(name, metric, mode, baseline=base, max_ratio=mx, min_ratio=mn)
+    else:
+        e = Expectation(name, metric, mode, op=f.choice("op", OPS), value=f.num("value"))
+    f.done()
+    return e
+
+
+def _parse_topology(f: Fields, base: Path) -> Topology:
+    rel = f.str("topology")
+    path = base / rel if not Path(rel).is_absolute() else Path(rel)
+    if not path.exists():
+        raise f.error("topology", "an existing topology file", f"{rel} (looked at {path})")
+    topo = load_topology(path)
+    wan = f.sub("wan", None)
+    if wan is not None:
+        link = parse_link(wan, topo.wan.a_to_b)
+        changes = {k: getattr(link, k) for k in ("rate_gbit", "delay_ms", "jitter_ms",
+                                                  "jitter_distribution", "loss", "reorder_pct",
+                                                  "queue_limit_pkts")}
+        topo = topo.with_wan(**changes)
+    return topo
+
+
+def parse_scenario(data: object, file: str) -> Scenario:
+    from testbed.workload import parse_workload
+
+    base = Path(file).parent
+    f = Fields(data, file, "")
+    name = f.str("name")
+    description = f.str("description", "")
+    topo = _parse_topology(f, base)
+    mode_vals = tuple(m.value for m in Mode)
+    modes_raw = f.list("modes", min_len=1)
+    for i, m in enumerate(modes_raw):
+        if m not in mode_vals or modes_raw.index(m) != i:
+            raise SpecError(file, f"modes[{i}]", "a mode not listed before, one of "
+                            + ", ".join(mode_vals), m)
+    modes = tuple(Mode(m) for m in modes_raw)
+    workload = parse_workload(f.sub("workload"))
+    faults = parse_faults(f, "faults", base)
+    exps = tuple(_parse_expectation(e, tuple(modes_raw)) for e in f.items("expectations")) \
+        if f.has("expectations") else ()
+    scale = f.raw("scale", "auto")
+    if scale != "auto":
+        scale = f.num("scale", lo=1)
+    sc = Scenario(
+        name, file, description, topo, modes, workload, faults, exps,
+        pdd=_parse_pdd(f.sub("pdd", None)),
+        sla=_parse_sla(f.sub("sla", None)),
+        seed=f.int("seed", 1, lo=0),
+        scale=None if scale == "auto" else scale,
+        backend=f.choice("backend", ("auto", "netem", "userspace"), "auto"),
+        drain_s=f.num("drain_s", 60.0, lo=0, unit="s"))
+    f.done()
+    return sc
+
+
+def _parse_sla(f: Fields | None) -> Sla:
+    if f is None:
+        return Sla()
+    s = Sla(f.num("ttft_s", Sla.ttft_s, lo=0, lo_open=True, unit="s"),
+            f.num("tpot_ms", Sla.tpot_ms, lo=0, lo_open=True, unit="ms"))
+    f.done()
+    return s
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read and validate a scenario file; raises SpecError on any problem."""
+    return parse_scenario(load_yaml(path), str(path))

@@ -1,0 +1,92 @@
+"""report.expectations: every bound op, ratio comparisons, null metrics, and
+clear errors for expectations that name an unknown metric or mode."""
+
+from __future__ import annotations
+
+import pytest
+
+from testbed.report.expectations import ExpectationError, evaluate
+
+MODES = {
+    "pdd": {"tokens_lost": 0, "ttft_p90_s": 1.0, "goodput_rps": 3.0, "handoff_stall_p99_ms": None,
+            "wan_bytes": 100, "emulated": {"wan_bytes": 10, "intra_dc_bytes": 0}},
+    "cross-dc-pd": {"tokens_lost": 0, "ttft_p90_s": 4.0, "goodput_rps": 2.0,
+                    "handoff_stall_p99_ms": None, "wan_bytes": 0,
+                    "emulated": {"wan_bytes": 0, "intra_dc_bytes": 0}},
+}
+
+
+def bound(op, value, metric="ttft_p90_s", mode="pdd"):
+    return {"name": f"t{op}", "mode": mode, "metric": metric, "op": op, "value": value}
+
+
+@pytest.mark.parametrize("op, value, passed", [
+    ("==", 1.0, True), ("==", 2, False),
+    ("<=", 1.0, True), ("<=", 0.5, False),
+    ("<", 1.5, True), ("<", 1.0, False),
+    (">=", 1.0, True), (">=", 1.5, False),
+    (">", 0.5, True), (">", 1.0, False)])
+def test_every_op(op, value, passed):
+    [r] = evaluate([bound(op, value)], MODES)
+    assert r == {"name": f"t{op}", "passed": passed, "value": 1.0,
+                 "bound": f"ttft_p90_s of pdd {op} {value:g}"}
+
+
+def test_emulated_metrics_can_be_bounded():
+    [r] = evaluate([bound("==", 10, metric="emulated.wan_bytes")], MODES)
+    assert r["passed"] and r["value"] == 10
+
+
+@pytest.mark.parametrize("limits, passed", [
+    ({"max_ratio": 0.6}, True), ({"max_ratio": 0.2}, False),
+    ({"min_ratio": 0.2}, True), ({"min_ratio": 0.3}, False),
+    ({"min_ratio": 0.2, "max_ratio": 0.3}, True), ({"min_ratio": 0.26, "max_ratio": 0.3}, False)])
+def test_ratio_of_a_mode_to_a_baseline(limits, passed):
+    exp = {"name": "ttft", "metric": "ttft_p90_s", "mode": "pdd", "baseline": "cross-dc-pd",
+           **limits}
+    [r] = evaluate([exp], MODES)
+    assert r["passed"] is passed
+    assert r["value"] == pytest.approx(0.25)
+    assert r["bound"].startswith("ttft_p90_s pdd / cross-dc-pd ")
+    assert "(1 / 4)" in r["bound"]
+
+
+def test_a_null_metric_fails_and_says_so():
+    [r] = evaluate([bound("<", 200, metric="handoff_stall_p99_ms")], MODES)
+    assert r["passed"] is False and r["value"] is None
+    assert "handoff_stall_p99_ms of pdd < 200" in r["bound"] and "null" in r["bound"]
+
+
+def test_a_ratio_with_null_or_zero_baseline_fails_and_says_why():
+    null = {"name": "n", "metric": "handoff_stall_p99_ms", "mode": "pdd",
+            "baseline": "cross-dc-pd", "max_ratio": 1}
+    zero = {"name": "z", "metric": "wan_bytes", "mode": "pdd", "baseline": "cross-dc-pd",
+            "max_ratio": 1}
+    r_null, r_zero = evaluate([null, zero], MODES)
+    assert not r_null["passed"] and "value is null" in r_null["bound"]
+    assert not r_zero["passed"] and "baseline is 0" in r_zero["bound"]
+
+
+@pytest.mark.parametrize("exp, message", [
+    ({"name": "x", "mode": "pdd", "metric": "ttft_mean_s", "op": "<", "value": 1},
+     "unknown metric 'ttft_mean_s'"),
+    ({"name": "x", "mode": "p-rld", "metric": "ttft_p90_s", "op": "<", "value": 1},
+     "mode 'p-rld' did not run"),
+    ({"name": "x", "mode": "pdd", "baseline": "same-dc-pd", "metric": "ttft_p90_s",
+      "max_ratio": 1}, "baseline 'same-dc-pd' did not run"),
+    ({"name": "x", "mode": "pdd", "metric": "ttft_p90_s", "op": "!=", "value": 1}, "op must be"),
+    ({"name": "x", "mode": "pdd", "metric": "ttft_p90_s", "op": "<"}, "value must be a number"),
+    ({"name": "x", "mode": "pdd", "metric": "ttft_p90_s", "op": "<", "value": 1, "tol": 1},
+     "unknown keys ['tol']"),
+    ({"name": "x", "mode": "pdd", "baseline": "cross-dc-pd", "metric": "ttft_p90_s"},
+     "needs max_ratio or min_ratio"),
+])
+def test_a_broken_expectation_is_an_error_naming_it(exp, message):
+    with pytest.raises(ExpectationError) as err:
+        evaluate([bound("<", 5), exp], MODES)
+    assert "expectation 1 ('x')" in str(err.value) and message in str(err.value)
+
+
+def test_an_expectation_needs_a_name():
+    with pytest.raises(ExpectationError, match="has no name"):
+        evaluate([{"mode": "pdd", "metric": "tokens_lost", "op": "==", "value": 0}], MODES)

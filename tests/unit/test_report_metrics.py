@@ -1,0 +1,146 @@
+"""report.metrics on hand-made records with known answers: percentiles, TPOT,
+goodput within an SLA, RLD/relay shares, bytes x scale, comparisons."""
+
+from __future__ import annotations
+
+import pytest
+
+from testbed.report.metrics import (MODE_KEYS, Sla, compare, link_bytes, metric_value,
+                                    mode_metrics, percentile, producer_of, tpot_ms,
+                                    workload_window)
+from testbed.report.rundir import LinkSample
+
+EVENTS = [{"t_mono": 100.0, "kind": "workload_start"}, {"t_mono": 103.0, "kind": "fault_start"},
+          {"t_mono": 110.0, "kind": "workload_end"}]
+
+
+def rec(rid, ttft=0.5, e2e=2.5, producers=("MD",) * 11, status="completed",
+        pipeline="p-md", b=None, stall=None, t_sent=100.0, lost=0, dup=0):
+    toks = [[i, 7, None if ttft is None else ttft + i * 0.01, p] for i, p in enumerate(producers)]
+    return {"id": rid, "status": status, "pipeline": pipeline, "ttft_s": ttft, "e2e_s": e2e,
+            "t_sent": t_sent, "tokens": toks, "tokens_lost": lost, "tokens_duplicated": dup,
+            "bytes": b or {}, "handoff": None if stall is None else {"stall_ms": stall}}
+
+
+@pytest.mark.parametrize("q, want", [(50, 2.5), (90, 3.7), (99, 3.97), (0, 1.0), (100, 4.0)])
+def test_percentile_is_numpy_linear(q, want):
+    assert percentile([4, None, 1, 3, 2], q) == pytest.approx(want)
+
+
+def test_percentile_of_nothing_is_null():
+    assert percentile([], 50) is None
+    assert percentile([None, None], 99) is None
+
+
+def test_tpot_is_decode_time_over_tokens_after_the_first():
+    assert tpot_ms(rec(1, ttft=0.5, e2e=2.5)) == pytest.approx(200.0)  # 2 s / 10
+    assert tpot_ms(rec(1, producers=("MD",))) is None                  # one token: no TPOT
+    dup = rec(1, ttft=0.5, e2e=1.5, producers=("MD",) * 3)
+    dup["tokens"].append(list(dup["tokens"][-1]))                      # a duplicate position
+    assert tpot_ms(dup) == pytest.approx(500.0)                        # 1 s / (3 - 1)
+
+
+def goodput_records():
+    return [rec(1, ttft=0.5, e2e=1.0),                  # in SLA: TPOT 50 ms
+            rec(2, ttft=1.5, e2e=2.0),                  # TTFT over 1 s
+            rec(3, ttft=0.5, e2e=2.0),                  # TPOT 150 ms
+            rec(4, ttft=None, e2e=None, producers=(), status="failed"),
+            rec(5, ttft=0.9, e2e=0.9, producers=("MD",))]  # one token: no TPOT to check
+
+
+def test_goodput_counts_completed_requests_within_both_bounds_per_workload_second():
+    m = mode_metrics(goodput_records(), EVENTS, Sla(ttft_s=1.0, tpot_ms=100), scale=1.0)
+    assert m["goodput_rps"] == pytest.approx(2 / 10)
+
+
+@pytest.mark.parametrize("sla, want", [(Sla(), 4 / 10), (Sla(ttft_s=1.0), 3 / 10),
+                                       (Sla(tpot_ms=100), 3 / 10)])
+def test_goodput_checks_only_the_bounds_given(sla, want):
+    assert mode_metrics(goodput_records(), EVENTS, sla, 1.0)["goodput_rps"] == pytest.approx(want)
+
+
+def test_sla_from_resolved_scenario():
+    assert Sla.from_resolved({"sla": {"ttft_s": 2, "tpot_ms": 50}}) == Sla(2, 50)
+    assert Sla.from_resolved({}).empty
+
+
+def test_workload_window_falls_back_to_the_requests_span():
+    records = [rec(1, e2e=2.0, t_sent=50.0), rec(2, e2e=3.0, t_sent=51.0)]
+    assert workload_window(EVENTS, records) == (100.0, 110.0)
+    assert workload_window([], records) == (50.0, 54.0)
+    assert workload_window([], []) is None
+    assert mode_metrics(records[:0], [], Sla(), 1.0)["goodput_rps"] is None
+
+
+@pytest.mark.parametrize("name, want", [("RLD", "RLD"), ("relay_decode", "RLD"), (2, "RLD"),
+                                        ("MD", "MD"), ("main_decode", "MD"), ("P", "P"),
+                                        ("router", None), (None, None)])
+def test_producer_names_are_normalised(name, want):
+    assert producer_of([0, 1, 0.1, name]) == want
+
+
+def test_rld_token_share_and_relayed_share_are_over_completed_requests():
+    records = [rec(1, producers=("RLD",) * 3 + ("MD",) * 7, pipeline="p-rld-md"),
+               rec(2, producers=("MD",) * 10),
+               rec(3, producers=("RLD",) * 5, pipeline="p-rld-md", status="failed")]
+    m = mode_metrics(records, EVENTS, Sla(), 1.0)
+    assert m["rld_token_share"] == pytest.approx(3 / 20)
+    assert m["relayed_share"] == pytest.approx(1 / 2)
+
+
+@pytest.mark.parametrize("pipeline, relayed", [("p-md", False), ("p-rld-md", True),
+                                               ("rld-only", True), ("p-rld-md->rld", True)])
+def test_relayed_means_the_pipeline_involved_rld(pipeline, relayed):
+    m = mode_metrics([rec(1, pipeline=pipeline)], EVENTS, Sla(), 1.0)
+    assert m["relayed_share"] == (1.0 if relayed else 0.0)
+
+
+def test_bytes_are_emulated_times_scale_over_all_requests_emulated_kept():
+    records = [rec(1, b={"kv_wan": 100, "handoff": 10, "kv_intra": 50, "tokens": 99}),
+               rec(2, b={"kv_wan": 200}),
+               rec(3, status="failed", b={"kv_wan": 1000})]  # failed requests used the WAN too
+    m = mode_metrics(records, EVENTS, Sla(), scale=10.0)
+    assert m["emulated"] == {"wan_bytes": 1310, "intra_dc_bytes": 50}
+    assert (m["wan_bytes"], m["intra_dc_bytes"]) == (13100, 500)
+
+
+def test_handoff_stall_p99_and_token_counts():
+    records = [rec(1, stall=100.0, lost=1), rec(2, stall=200.0, dup=2), rec(3),
+               rec(4, stall=5000.0, status="failed", lost=3)]
+    m = mode_metrics(records, EVENTS, Sla(), 1.0)
+    assert m["handoff_stall_p99_ms"] == pytest.approx(199.0)
+    assert (m["tokens_lost"], m["tokens_duplicated"]) == (4, 2)
+    assert (m["requests_total"], m["requests_completed"], m["requests_failed"]) == (4, 3, 1)
+
+
+def test_a_mode_with_no_completed_request_has_null_percentiles_and_contract_keys():
+    m = mode_metrics([rec(1, status="failed", ttft=None, e2e=None, producers=())], [], Sla(), 1.0)
+    assert tuple(m) == MODE_KEYS
+    nulls = ("ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_p50_ms", "e2e_p99_s",
+             "handoff_stall_p99_ms", "rld_token_share", "relayed_share")
+    assert all(m[k] is None for k in nulls)
+
+
+def test_metric_value_reaches_emulated_and_rejects_unknown_names():
+    m = mode_metrics([rec(1, b={"kv_wan": 5})], EVENTS, Sla(), 4.0)
+    assert metric_value(m, "wan_bytes") == 20
+    assert metric_value(m, "emulated.wan_bytes") == 5
+    with pytest.raises(KeyError):
+        metric_value(m, "ttft_mean_s")
+
+
+def test_compare_gives_ratio_and_change_and_nulls_when_undefined():
+    modes = {"pdd": {"ttft_p90_s": 1.0, "wan_bytes": 5, "goodput_rps": None},
+             "base": {"ttft_p90_s": 4.0, "wan_bytes": 0, "goodput_rps": 1.0}}
+    rows = compare(modes, ["ttft_p90_s", "wan_bytes", "goodput_rps"], [("pdd", "base")])
+    assert rows[0] == {"metric": "ttft_p90_s", "mode": "pdd", "baseline": "base", "value": 1.0,
+                       "baseline_value": 4.0, "ratio": 0.25, "change_pct": -75.0}
+    assert rows[1]["ratio"] is None and rows[1]["change_pct"] is None  # baseline 0
+    assert rows[2]["ratio"] is None                                    # null value
+
+
+def test_link_bytes_is_last_minus_first_counter_per_direction():
+    rows = [LinkSample(t, "wan", d, b, 0, 0, 10.0, 1.0) for t, d, b in
+            [(2.0, "a>b", 900), (1.0, "a>b", 100), (1.0, "b>a", 5), (2.0, "b>a", 7)]]
+    rows.append(LinkSample(1.0, "host:p1", "up", 10**9, 0, 0, 100.0, 10.0))
+    assert link_bytes(rows, "wan") == {"a>b": 800, "b>a": 2}

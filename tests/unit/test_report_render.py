@@ -1,0 +1,164 @@
+"""build_report on the canned run directory (tests/unit/fixtures/run-canned):
+summary.json matches the contract keys exactly, report.md holds the tables
+and expectation lines, the PNGs are written, re-running is idempotent, and
+missing data gives notes instead of crashes."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from testbed.report import build_report
+from testbed.report.expectations import ExpectationError
+from testbed.report.plots import DEFAULT_HIT_BINS_PCT
+from testbed.report.rundir import ReportError, load_run
+
+CANNED = Path(__file__).parent / "fixtures" / "run-canned"
+TOP_KEYS = ["scenario", "backend", "scale", "modes", "comparisons", "expectations", "passed"]
+MODE_KEYS = ["requests_total", "requests_completed", "requests_failed", "tokens_lost",
+             "tokens_duplicated", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_p50_ms",
+             "e2e_p99_s", "goodput_rps", "handoff_stall_p99_ms", "wan_bytes", "intra_dc_bytes",
+             "rld_token_share", "relayed_share", "emulated"]
+COMPARISON_KEYS = ["metric", "mode", "baseline", "value", "baseline_value", "ratio", "change_pct"]
+PNGS = ["ttft_cdf.png", "wan_throughput.png", "relay_timeline.png", "hit_rates.png"]
+INPUTS = ["metadata.json"] + [f"{m}/{f}" for m in ("pdd", "cross-dc-pd")
+                              for f in ("requests.jsonl", "events.jsonl", "links.csv")]
+
+
+@pytest.fixture
+def run(tmp_path):
+    d = tmp_path / "run"
+    shutil.copytree(CANNED, d, ignore=shutil.ignore_patterns("*.py", "__pycache__"))
+    return d
+
+
+def edit_metadata(run: Path, change) -> None:
+    md = json.loads((run / "metadata.json").read_text())
+    change(md)
+    (run / "metadata.json").write_text(json.dumps(md))
+
+
+def test_canned_files_are_what_the_generator_writes(tmp_path):
+    spec = importlib.util.spec_from_file_location("make_canned", CANNED / "make_canned.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.write(tmp_path)
+    for name in INPUTS:
+        assert (tmp_path / name).read_text() == (CANNED / name).read_text(), name
+
+
+def test_summary_json_matches_the_contract_keys_exactly(run):
+    build_report(run)
+    s = json.loads((run / "summary.json").read_text())
+    assert list(s) == TOP_KEYS
+    assert list(s["modes"]) == ["pdd", "cross-dc-pd"]
+    for m in s["modes"].values():
+        assert list(m) == MODE_KEYS
+        assert list(m["emulated"]) == ["wan_bytes", "intra_dc_bytes"]
+        assert m["wan_bytes"] == m["emulated"]["wan_bytes"] * 10  # k = 10
+    assert s["comparisons"] and all(list(c) == COMPARISON_KEYS for c in s["comparisons"])
+    assert all(list(e) == ["name", "passed", "value", "bound"] for e in s["expectations"])
+    assert (s["scenario"], s["backend"], s["scale"]) == ("canned-wan-fault", "userspace", 10.0)
+
+
+def test_canned_figures(run):
+    s = build_report(run)
+    pdd, base = s["modes"]["pdd"], s["modes"]["cross-dc-pd"]
+    assert (pdd["requests_total"], pdd["requests_failed"], base["requests_failed"]) == (20, 0, 1)
+    assert pdd["relayed_share"] == pytest.approx(6 / 20)   # 5 p-rld-md + 1 rld-only
+    assert base["relayed_share"] == 0 and base["handoff_stall_p99_ms"] is None
+    assert pdd["ttft_p90_s"] < base["ttft_p90_s"]
+    assert [(e["name"], e["passed"]) for e in s["expectations"]] == [
+        ("pdd-no-token-lost", True), ("pdd-ttft-p90-below-0.6x", True),
+        ("rld-is-a-mask", True), ("handoff-stall-under-200ms", False)]
+    assert s["passed"] is False
+
+
+def test_report_md_has_tables_comparisons_expectations_paper_and_plots(run):
+    build_report(run)
+    md = (run / "report.md").read_text()
+    for text in ["**Result: FAILED** (failed: handoff-stall-under-200ms)",
+                 "| metric | `pdd` | `cross-dc-pd` |", "| TTFT p90 |", "(emulated ",
+                 "| ttft_p90_s | `pdd` | `cross-dc-pd` |",
+                 "- **PASS** `pdd-no-token-lost`", "- **FAIL** `handoff-stall-under-200ms`",
+                 "## Versus the paper", "-51.5%", "4.2 / 18.3 / 29.7 s", "6.2%",
+                 "fault_start 0 wan_rate", "backend: userspace; bandwidth scale k = 10",
+                 "WAN 10 Gbit/s, RTT 40 ms"]:
+        assert text in md, text
+    for png in PNGS:
+        assert f"]({png})" in md
+        data = (run / png).read_bytes()
+        assert data.startswith(b"\x89PNG") and len(data) > 5000
+
+
+def test_rerunning_is_idempotent(run):
+    first = build_report(run)
+    outputs = {p: (run / p).read_bytes() for p in ["summary.json", "report.md"] + PNGS}
+    assert build_report(run) == first
+    assert {p: (run / p).read_bytes() for p in outputs} == outputs
+    assert sorted(p.name for p in run.iterdir() if p.is_file()) == sorted(
+        ["metadata.json", "summary.json", "report.md"] + PNGS)
+
+
+def test_passed_needs_every_expectation_and_no_lost_or_duplicated_token(run):
+    edit_metadata(run, lambda md: md["resolved"]["expectations"].pop())
+    assert build_report(run)["passed"] is True
+    path = run / "cross-dc-pd" / "requests.jsonl"
+    lines = path.read_text().splitlines()
+    rec = json.loads(lines[0])
+    rec["tokens_duplicated"] = 1
+    path.write_text("\n".join([json.dumps(rec)] + lines[1:]) + "\n")
+    s = build_report(run)
+    assert s["passed"] is False and all(e["passed"] for e in s["expectations"])
+    assert "- **FAIL** `cross-dc-pd` lost 0 and duplicated 1 tokens" in (run / "report.md").read_text()
+
+
+def test_missing_data_gives_notes_not_crashes(run):
+    build_report(run)
+    for mode in ("pdd", "cross-dc-pd"):
+        (run / mode / "links.csv").unlink()
+    (run / "pdd" / "requests.jsonl").write_text("")
+    s = build_report(run)
+    md = (run / "report.md").read_text()
+    assert s["modes"]["pdd"]["requests_total"] == 0 and s["modes"]["pdd"]["ttft_p50_s"] is None
+    assert "WAN throughput (nominal scale): not drawn (no WAN samples" in md
+    assert "pdd/links.csv is missing" in md
+    assert not (run / "wan_throughput.png").exists()          # stale plot removed
+    assert (run / "ttft_cdf.png").exists()                    # cross-dc-pd still has TTFTs
+
+
+def test_a_run_with_only_metadata_still_reports(tmp_path):
+    (tmp_path / "metadata.json").write_text(json.dumps({"scenario": "empty", "modes": ["pdd"]}))
+    s = build_report(tmp_path)
+    assert s["passed"] is True and s["comparisons"] == []
+    md = (tmp_path / "report.md").read_text()
+    assert "not drawn" in md and "Needs modes `pdd` and `cross-dc-pd`" in md
+    assert not any(tmp_path.glob("*.png"))
+
+
+def test_an_expectation_on_an_unknown_metric_is_an_error_naming_it(run):
+    edit_metadata(run, lambda md: md["resolved"]["expectations"].append(
+        {"name": "bogus", "mode": "pdd", "metric": "ttft_mean_s", "op": "<", "value": 1}))
+    with pytest.raises(ExpectationError, match="'bogus'.*unknown metric 'ttft_mean_s'"):
+        build_report(run)
+
+
+def test_reading_errors_and_a_truncated_last_line(run, tmp_path):
+    with pytest.raises(ReportError, match="no metadata.json"):
+        load_run(tmp_path / "nowhere")
+    events = run / "pdd" / "events.jsonl"
+    good = events.read_text()
+    events.write_text(good + '{"t_mono": 1, "ki')
+    assert load_run(run).mode("pdd").notes == ("pdd/events.jsonl: dropped a truncated last line",)
+    events.write_text('{"t_mono": 1, "ki\n' + good)
+    with pytest.raises(ReportError, match=r"events.jsonl:1: not valid JSON"):
+        load_run(run)
+
+
+def test_default_hit_bins_are_the_workload_packages():
+    from testbed.workload.hitrate import PDD_BINS_PCT
+    assert DEFAULT_HIT_BINS_PCT == PDD_BINS_PCT
