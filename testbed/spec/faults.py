@@ -55,9 +55,9 @@ def _schedule(f: Fields, base: Path) -> list[tuple[float, float]]:
     if len(given) != 1:
         raise f.error("steps", "exactly one of steps, ramp, trace", given or None)
     if given[0] == "steps":
-        out = [(s.num("at_s", lo=0, unit="s"), s.num("rate_gbit", **_RATE))
-               for s in f.items("steps", min_len=1)]
-        for s in f.items("steps"):
+        out = []
+        for s in f.items("steps", min_len=1):
+            out.append((s.num("at_s", lo=0, unit="s"), s.num("rate_gbit", **_RATE)))
             s.done()
     elif given[0] == "ramp":
         r = f.sub("ramp")

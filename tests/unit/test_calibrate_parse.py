@@ -1,0 +1,54 @@
+"""Parsing of ping and iperf3 output, and the tolerance judgement."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from testbed.errors import EmulationError
+from testbed.net.calibrate import GOODPUT_SHARE, Check, parse_iperf, parse_ping
+
+PING = """PING 10.77.2.10 (10.77.2.10) 56(84) bytes of data.
+
+--- 10.77.2.10 ping statistics ---
+100 packets transmitted, 99 received, 1% packet loss, time 1985ms
+rtt min/avg/max/mdev = 40.128/40.757/43.901/0.512 ms
+"""
+
+
+def test_parse_ping():
+    p = parse_ping(PING)
+    assert p == {"min_ms": 40.128, "avg_ms": 40.757, "max_ms": 43.901, "mdev_ms": 0.512,
+                 "sent": 100, "received": 99}
+
+
+def test_parse_ping_without_replies_is_an_error():
+    with pytest.raises(EmulationError, match="cannot parse ping"):
+        parse_ping("3 packets transmitted, 0 received, 100% packet loss\n")
+
+
+def _iperf(protocol, end):
+    return json.dumps({"start": {"test_start": {"protocol": protocol}}, "end": end})
+
+
+def test_parse_iperf_tcp_and_udp():
+    tcp = parse_iperf(_iperf("TCP", {"sum_received": {"bits_per_second": 9.5e8},
+                                     "sum_sent": {"retransmits": 3}}))
+    assert tcp == {"bps": 9.5e8, "retransmits": 3}
+    udp = parse_iperf(_iperf("UDP", {"sum_received": {"bits_per_second": 5e7, "lost_percent": 1.1,
+                                                      "packets": 10000, "lost_packets": 110},
+                                     "sum": {"bits_per_second": 1, "lost_percent": 9,
+                                             "packets": 1, "lost_packets": 0}}))
+    assert udp["lost_pct"] == 1.1 and udp["packets"] == 10000  # the receiver's view wins
+    with pytest.raises(EmulationError, match="iperf3: busy"):
+        parse_iperf(json.dumps({"error": "busy"}))
+    with pytest.raises(EmulationError, match="no JSON"):
+        parse_iperf("iperf3: error")
+
+
+def test_check_judges_against_absolute_tolerance():
+    assert Check("rtt_ms", 40, 41.9, "ms", 2).judge().passed
+    assert not Check("rtt_ms", 40, 42.1, "ms", 2).judge().passed
+    assert Check("x", 1, None, "", 1).judge().passed is None
+    assert 0.956 < GOODPUT_SHARE < 0.957

@@ -1,0 +1,136 @@
+"""Scenario and fault-timeline validation; the runner's timeline loop."""
+
+from __future__ import annotations
+
+import copy
+import time
+from pathlib import Path
+
+import pytest
+
+from testbed.errors import SpecError
+from testbed.scenario.faults import Action
+from testbed.scenario.runner import run_timeline
+from testbed.spec.scenario import HandoffMode, Mode, parse_scenario
+
+ROOT = Path(__file__).resolve().parents[2]
+FILE = str(ROOT / "scenarios" / "test.yaml")  # relative paths resolve from scenarios/
+
+BASE = {
+    "name": "s",
+    "topology": "../topologies/two-dc.yaml",
+    "modes": ["pdd", "cross-dc-pd"],
+    "workload": {"kind": "synthetic", "seed": 1, "n_requests": 10,
+                 "arrival": {"process": "poisson", "rate_rps": 2},
+                 "input_len": {"dist": "fixed", "tokens": 256},
+                 "output_len": {"dist": "fixed", "tokens": 32},
+                 "hit_rate": {"mean_pct": 90}},
+    "faults": [{"at_s": 5, "kind": "congestion", "flows": 4, "duration_s": 10}],
+    "expectations": [
+        {"name": "none lost", "mode": "pdd", "metric": "tokens_lost", "op": "==", "value": 0},
+        {"name": "faster", "mode": "pdd", "metric": "ttft_p90_s", "baseline": "cross-dc-pd",
+         "max_ratio": 0.6}],
+}
+
+
+def changed(path: str, value):
+    data = copy.deepcopy(BASE)
+    node = data
+    keys = path.split(".")
+    for k in keys[:-1]:
+        node = node[int(k)] if k.isdigit() else node[k]
+    last = keys[-1]
+    node[int(last) if last.isdigit() else last] = value
+    return data
+
+
+def test_valid_scenario():
+    sc = parse_scenario(copy.deepcopy(BASE), FILE)
+    assert sc.modes == (Mode.PDD, Mode.CROSS_DC_PD)
+    assert sc.faults[0].end_s == 15 and sc.faults[0].params == {"flows": 4, "direction": "a>b"}
+    assert sc.pdd.handoff_mode is HandoffMode.CATCH_UP and sc.scale is None
+    assert sc.expectations[1].baseline == "cross-dc-pd"
+
+
+def test_wan_override_changes_both_directions():
+    sc = parse_scenario(changed("wan", {"rate_gbit": 40, "delay_ms": 25}), FILE)
+    assert sc.topology.wan.a_to_b.rate_gbit == sc.topology.wan.b_to_a.rate_gbit == 40
+    assert sc.topology.wan.rtt_ms == 50
+
+
+@pytest.mark.parametrize("path,value,where,expected", [
+    ("modes", ["pdd", "pdd"], "modes[1]", "not listed before"),
+    ("modes", ["fast"], "modes[0]", "one of pdd"),
+    ("topology", "nope.yaml", "topology", "an existing topology file"),
+    ("wan", {"delay_ms": -1}, "wan.delay_ms", ">= 0"),
+    ("scale", 0.5, "scale", ">= 1"),
+    ("backend", "tc", "backend", "one of auto"),
+    ("expectations.0.metric", "latency", "expectations[0].metric", "one of requests_total"),
+    ("expectations.0.mode", "same-dc-pd", "expectations[0].mode", "one of pdd, cross-dc-pd"),
+    ("expectations.0.op", "~=", "expectations[0].op", "one of =="),
+    ("expectations.1.baseline", "pdd", "expectations[1].baseline", "one of cross-dc-pd"),
+    ("expectations.1", {"name": "x", "mode": "pdd", "metric": "ttft_p90_s",
+                        "baseline": "cross-dc-pd"}, "expectations[1].max_ratio",
+     "max_ratio or min_ratio"),
+    ("faults.0.duration_s", None, "faults[0].duration_s", "a number"),
+    ("faults.0.kind", "earthquake", "faults[0].kind", "one of bandwidth"),
+    ("faults.0", {"at_s": 1, "kind": "bandwidth", "rate_gbit": 0}, "faults[0].rate_gbit", "> 0"),
+    ("faults.0", {"at_s": -1, "kind": "bandwidth", "rate_gbit": 1}, "faults[0].at_s", ">= 0"),
+    ("faults.0", {"at_s": 1, "kind": "congestion", "flows": 2}, "faults[0].duration_s",
+     "a duration"),
+    ("faults.0", {"at_s": 1, "kind": "kill", "role": "prefill"}, "faults[0].role",
+     "one of main_decode"),
+    ("faults.0", {"at_s": 1, "kind": "link_flap"}, "faults[0].down_s", "this field to be set"),
+    ("faults.0", {"at_s": 1, "kind": "bandwidth_schedule",
+                  "steps": [{"at_s": 5, "rate_gbit": 1}, {"at_s": 2, "rate_gbit": 2}]},
+     "faults[0].steps", "increasing order"),
+    ("faults.0", {"at_s": 1, "kind": "bandwidth_schedule", "trace": "missing.csv"},
+     "faults[0].trace", "a readable CSV"),
+    ("faults.0", {"at_s": 1, "kind": "bandwidth_schedule"}, "faults[0].steps",
+     "exactly one of steps, ramp, trace"),
+    ("faults.0", {"at_s": 1, "kind": "loss", "pct": 1, "colour": 3}, "faults[0].colour",
+     "a known field"),
+    ("pdd", {"handoff_mode": "twice"}, "pdd.handoff_mode", "one of one_shot"),
+    ("sla", {"ttft_s": 0}, "sla.ttft_s", "> 0"),
+    ("workload", {"kind": "synthetic"}, "workload", ""),
+])
+def test_scenario_errors(path, value, where, expected):
+    with pytest.raises(SpecError) as ei:
+        parse_scenario(changed(path, value), FILE)
+    assert ei.value.path.split(" (line")[0].startswith(where), str(ei.value)
+    assert expected in ei.value.expected, str(ei.value)
+    assert ei.value.file == FILE
+
+
+def test_schedule_from_ramp_and_trace(tmp_path):
+    data = changed("faults", [{"at_s": 2, "kind": "bandwidth_schedule",
+                               "ramp": {"from_gbit": 10, "to_gbit": 1, "over_s": 9, "steps": 3}}])
+    sc = parse_scenario(data, FILE)
+    assert sc.faults[0].params["schedule"] == [(0, 10), (3, 7), (6, 4), (9, 1)]
+    trace = tmp_path / "rates.csv"
+    trace.write_text("t_s,rate_gbit\n0,10\n1.5,2\n")
+    data = changed("faults", [{"at_s": 0, "kind": "bandwidth_schedule", "trace": str(trace)}])
+    assert parse_scenario(data, FILE).faults[0].params["schedule"] == [(0, 10), (1.5, 2)]
+    trace.write_text("0,10\n1,-2\n")
+    with pytest.raises(SpecError, match="row 2"):
+        parse_scenario(data, FILE)
+
+
+def test_shipped_scenarios_are_valid():
+    from testbed.spec.scenario import load_scenario
+
+    files = sorted((ROOT / "scenarios").glob("*.yaml"))
+    for f in files:
+        sc = load_scenario(f)
+        assert sc.expectations, f"{f.name} states no expectation"
+
+
+def test_timeline_runs_actions_in_time_order_and_stops():
+    ran = []
+    actions = [Action(0.06, "c", lambda: ran.append("c")), Action(0.0, "a", lambda: ran.append("a")),
+               Action(0.03, "b", lambda: ran.append("b")),
+               Action(5.0, "never", lambda: ran.append("late"))]
+    ticks = []
+    t0 = time.monotonic()
+    run_timeline(actions, t0, lambda: len(ran) >= 3, lambda: ticks.append(1))
+    assert ran == ["a", "b", "c"] and ticks
