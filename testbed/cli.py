@@ -114,7 +114,7 @@ def cmd_run(args) -> int:
         print(describe(sc, opts))
         return 0
     summary = run_scenario(sc, opts)
-    from testbed.report.render import summary_table
+    from testbed.report.summary import summary_table
 
     print(summary_table(summary))
     print(f"report: {out / 'report.md'}")
@@ -125,7 +125,7 @@ def cmd_report(args) -> int:
     from pathlib import Path
 
     from testbed.report import build_report
-    from testbed.report.render import summary_table
+    from testbed.report.summary import summary_table
 
     summary = build_report(Path(args.run_dir))
     print(summary_table(summary))

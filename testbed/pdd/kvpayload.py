@@ -22,8 +22,14 @@ import struct
 
 from testbed.errors import ProtocolError
 from testbed.pdd.model import KVCache
+from testbed.pdd.protocol import HEADER_SIZE, KvChunk
 
 _LEN = struct.Struct("!I")
+
+
+def chunk_frame_bytes(chunk: KvChunk) -> int:
+    """Wire bytes of a KV_CHUNK frame (header + fixed fields + payload), without re-encoding."""
+    return HEADER_SIZE + KvChunk.LAYOUT.size + len(chunk.data)
 
 
 def encode_kv(cache: KVCache, start: int, end: int, modeled_bytes: int) -> tuple[bytes, int]:

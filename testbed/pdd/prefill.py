@@ -31,16 +31,14 @@ import time
 from dataclasses import dataclass, field
 
 from testbed.pdd.config import ClusterConfig, Pipeline
-from testbed.pdd.kvpayload import encode_kv
+from testbed.pdd.kvpayload import chunk_frame_bytes, encode_kv
 from testbed.pdd.model import KVCache, argmax, build_model
 from testbed.pdd.pacing import AsyncPacer
 from testbed.pdd.peers import Peer, RoleServer
-from testbed.pdd.protocol import (HEADER_SIZE, Cancel, Error, ErrorCode, Frame, KvChunk, KvDone,
+from testbed.pdd.protocol import (Cancel, Error, ErrorCode, Frame, KvChunk, KvDone,
                                   KvNeed, Report, Request, Role)
 from testbed.pdd.radix import RadixCache
 from testbed.pdd.transport import ConnectionClosed, Transport
-
-_KV_CHUNK_HEAD = HEADER_SIZE + KvChunk.LAYOUT.size
 
 
 @dataclass(eq=False)
@@ -54,6 +52,7 @@ class PrefillJob:
     token0: int = -1
     need: asyncio.Future | None = None  # MD's KV_NEED start
     cancelled: bool = False
+    md_cancelled: bool = False  # MD dropped the request: stop the WAN path quietly
     report: dict = field(default_factory=dict)
 
     @property
@@ -106,6 +105,10 @@ class PrefillNode(RoleServer):
                 job.cancelled = True
                 if job.need is not None and not job.need.done():
                     job.need.cancel()
+        elif isinstance(msg, Cancel) and job is not None and peer.role == Role.MAIN_DECODE:
+            job.md_cancelled = True
+            if job.need is not None and not job.need.done():
+                job.need.cancel()
         elif isinstance(msg, KvNeed):
             if job is None or job.cancelled or job.need is None:
                 await peer.send(rid, Cancel())
@@ -171,7 +174,7 @@ class PrefillNode(RoleServer):
             if key == "md":
                 job.report["md_need_start"] = start
         except asyncio.CancelledError:
-            if not job.cancelled:
+            if not (job.cancelled or job.md_cancelled):
                 raise
         except ConnectionClosed as err:
             if not job.cancelled and self.router is not None:
@@ -183,14 +186,15 @@ class PrefillNode(RoleServer):
         n, step = len(job.request.prompt_token_ids), self.cfg.prefill.kv_chunk_tokens
         sent = chunks = 0
         for s in range(start, n, step):
-            if job.cancelled:
+            if job.cancelled or (job.md_cancelled and peer.role == Role.MAIN_DECODE):
                 return sent
             e = min(n, s + step)
             data, overrun = encode_kv(job.cache, s, e, self.cfg.timing.modeled_kv_bytes(e - s))
             job.report["kv_overrun_bytes"] += overrun
-            if not await peer.send(job.rid, KvChunk(0, self.cfg.model.n_layer, s, e, data)):
+            chunk = KvChunk(0, self.cfg.model.n_layer, s, e, data)
+            if not await peer.send(job.rid, chunk):
                 raise ConnectionClosed(f"{peer.name} closed")
-            sent += _KV_CHUNK_HEAD + len(data)
+            sent += chunk_frame_bytes(chunk)
             chunks += 1
             await asyncio.sleep(0)  # let the other path and other roles run
         if not await peer.send(job.rid, KvDone(n, sent, chunks)):

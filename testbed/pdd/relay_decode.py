@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from testbed.pdd.config import ClusterConfig, Pipeline
 from testbed.pdd.decoder import DecodeLoop, Emitted, Seq
 from testbed.pdd.handoff import HandoffBatch, RelayHandoff, RelayPhase
-from testbed.pdd.kvpayload import decode_kv
+from testbed.pdd.kvpayload import chunk_frame_bytes, decode_kv
 from testbed.pdd.model import KVCache, build_model
 from testbed.pdd.pacing import AsyncPacer
 from testbed.pdd.peers import Peer, RoleServer, frame_bytes
@@ -121,7 +121,7 @@ class RelayDecodeNode(RoleServer):
                 raise ProtocolError(f"KV_CHUNK [{msg.token_start}, {msg.token_end}) holds "
                                     f"[{seg.start}, {seg.end})")
             st.cache.append(seg)
-            st.report["kv_intra_bytes"] += frame_bytes(msg) - len(msg.data) + len(msg.data)
+            st.report["kv_intra_bytes"] += chunk_frame_bytes(msg)
         elif isinstance(msg, KvDone):
             await self._kv_done(st, msg)
 
@@ -163,22 +163,27 @@ class RelayDecodeNode(RoleServer):
         msg = Handoff(batch.batch, batch.start, tuple(st.tokens[batch.start: batch.end]),
                       batch.final)
         st.report["handoff_bytes"] += frame_bytes(msg)
+        if batch.final:
+            self.decoder.leave(st.rid)  # at once: no token after the final batch's end
         if not await st.md_peer.send(st.rid, msg):
             await self._md_lost(st, "HANDOFF could not be sent")
             return
         if batch.final:
-            self.decoder.leave(st.rid)
             await self._free(st, {})
 
     async def _md_lost(self, st: RelayState, why: str) -> None:
-        if st.handoff.phase == RelayPhase.HANDED_OVER and st.rid not in self.states:
+        """MD is gone before the final batch went out: RLD decodes to the end."""
+        if self.states.get(st.rid) is not st or not st.handoff.on_md_lost():
             return
-        if st.handoff.on_md_lost():
-            st.report["md_lost"] = why
-            if st.seq is not None and st.rid not in self.decoder.active and st.tokens:
-                if len(st.tokens) < st.request.max_output_tokens:
-                    st.seq.next_token, st.seq.next_position = st.tokens[-1], len(st.tokens)
-                    self.decoder.join(st.seq)
+        st.report["md_lost"] = why
+        seq = st.seq
+        if seq is None or st.rid in self.decoder.active:
+            return  # not decoding yet (KV_DONE will start it) or still decoding
+        # Resume after the last emitted token: a step that was running when RLD
+        # left the batch may have fed one more token into the cache.
+        seq.cache.truncate(len(st.request.prompt_token_ids) + len(st.tokens) - 1)
+        seq.next_token, seq.next_position = st.tokens[-1], len(st.tokens)
+        self.decoder.join(seq)
 
     async def _on_tokens(self, emitted: list[Emitted]) -> None:
         for e in emitted:

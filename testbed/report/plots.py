@@ -106,7 +106,8 @@ def wan_rates(samples: Sequence[LinkSample], direction: str,
         return np.empty(0), np.empty(0)
     dt = np.diff(t)
     ok = dt > 0
-    return t[1:][ok], (np.diff(b)[ok] * 8 * scale / dt[ok] / 1e9)
+    rate = np.diff(b)[ok] * 8 * scale / dt[ok] / 1e9
+    return t[1:][ok], np.where(rate < 0, np.nan, rate)  # a counter reset is a gap, not a dip
 
 
 def _t0(events: Sequence[Mapping], samples: Sequence[LinkSample]) -> float:

@@ -73,8 +73,10 @@ def topology_line(topo: object) -> str:
     """'two-dc: DC a (p1, rld1, ...), DC b (md1, ...); WAN 10 Gbit/s, RTT 40 ms'."""
     if not isinstance(topo, Mapping):
         return str(topo) if topo else "not recorded"
-    dcs = ", ".join(f"DC {dc.get('name')} ({', '.join(h.get('name', '?') for h in dc.get('hosts') or [])})"
-                    for dc in topo.get("datacenters") or [])
+    def hosts(dc: Mapping) -> str:
+        return ", ".join(h.get("name", "?") for h in dc.get("hosts") or [])
+
+    dcs = ", ".join(f"DC {dc.get('name')} ({hosts(dc)})" for dc in topo.get("datacenters") or [])
     wan = topo.get("wan") or {}
     link = wan.get("link") or wan.get("a_to_b") or wan
     parts = [f"{topo.get('name', '?')}: {dcs}" if dcs else str(topo.get("name", "?"))]

@@ -97,7 +97,8 @@ def load_run(run_dir: Path | str) -> RunData:
         raise ReportError(f"{meta_path}: not valid JSON ({e})") from e
     if not isinstance(metadata, dict):
         raise ReportError(f"{meta_path}: expected a JSON object, got {type(metadata).__name__}")
-    return RunData(path, metadata, tuple(_load_mode(path, name) for name in _mode_names(path, metadata)))
+    modes = tuple(_load_mode(path, name) for name in _mode_names(path, metadata))
+    return RunData(path, metadata, modes)
 
 
 def _mode_names(path: Path, metadata: dict) -> list[str]:

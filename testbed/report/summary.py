@@ -78,3 +78,28 @@ def summarize(run: RunData) -> dict:
 def summary_json(summary: dict) -> str:
     """Strict JSON (no NaN), stable formatting so re-running rewrites identical bytes."""
     return json.dumps(summary, indent=2, allow_nan=False) + "\n"
+
+
+TABLE_METRICS = ("requests_completed", "requests_failed", "tokens_lost", "tokens_duplicated",
+                 "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_p50_ms", "e2e_p99_s",
+                 "goodput_rps", "handoff_stall_p99_ms", "wan_bytes", "intra_dc_bytes",
+                 "rld_token_share", "relayed_share")
+
+
+def summary_table(summary: dict) -> str:
+    """The per-mode metrics and expectation results as plain text (CLI output)."""
+    modes = list(summary["modes"])
+    lines = [f"scenario {summary['scenario']}  backend {summary['backend']}  k={summary['scale']:g}"
+             "  (bytes nominal = emulated x k)",
+             f"{'metric':<22}" + "".join(f"{m:>16}" for m in modes)]
+    for name in TABLE_METRICS:
+        cells = []
+        for m in modes:
+            v = summary["modes"][m].get(name)
+            cells.append("-" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v))
+        lines.append(f"{name:<22}" + "".join(f"{c:>16}" for c in cells))
+    for e in summary.get("expectations", []):
+        lines.append(f"{'PASS' if e['passed'] else 'FAIL'}  {e['name']}: {e['value']} "
+                      f"(bound {e['bound']})")
+    lines.append("passed" if summary["passed"] else "FAILED")
+    return "\n".join(lines)

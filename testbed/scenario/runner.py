@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import json
 import sys
 import time
 from dataclasses import dataclass
@@ -143,6 +142,4 @@ def run_scenario(sc: Scenario, opts: RunOptions) -> dict:
           f"out {opts.out_dir}", file=sys.stderr)
     for mode in sc.modes:
         run_mode(sc, mode, plan_args, workload, opts.out_dir)
-    summary = build_report(opts.out_dir)
-    (opts.out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
-    return summary
+    return build_report(opts.out_dir)

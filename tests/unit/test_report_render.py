@@ -29,11 +29,21 @@ INPUTS = ["metadata.json"] + [f"{m}/{f}" for m in ("pdd", "cross-dc-pd")
                               for f in ("requests.jsonl", "events.jsonl", "links.csv")]
 
 
+def copy_canned(dest: Path) -> Path:
+    shutil.copytree(CANNED, dest, ignore=shutil.ignore_patterns("*.py", "__pycache__"))
+    return dest
+
+
 @pytest.fixture
 def run(tmp_path):
-    d = tmp_path / "run"
-    shutil.copytree(CANNED, d, ignore=shutil.ignore_patterns("*.py", "__pycache__"))
-    return d
+    return copy_canned(tmp_path / "run")
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """The canned run reported once, shared by the read-only tests: (dir, summary)."""
+    d = copy_canned(tmp_path_factory.mktemp("built") / "run")
+    return d, build_report(d)
 
 
 def edit_metadata(run: Path, change) -> None:
@@ -51,8 +61,8 @@ def test_canned_files_are_what_the_generator_writes(tmp_path):
         assert (tmp_path / name).read_text() == (CANNED / name).read_text(), name
 
 
-def test_summary_json_matches_the_contract_keys_exactly(run):
-    build_report(run)
+def test_summary_json_matches_the_contract_keys_exactly(built):
+    run, summary = built
     s = json.loads((run / "summary.json").read_text())
     assert list(s) == TOP_KEYS
     assert list(s["modes"]) == ["pdd", "cross-dc-pd"]
@@ -63,10 +73,11 @@ def test_summary_json_matches_the_contract_keys_exactly(run):
     assert s["comparisons"] and all(list(c) == COMPARISON_KEYS for c in s["comparisons"])
     assert all(list(e) == ["name", "passed", "value", "bound"] for e in s["expectations"])
     assert (s["scenario"], s["backend"], s["scale"]) == ("canned-wan-fault", "userspace", 10.0)
+    assert s == summary
 
 
-def test_canned_figures(run):
-    s = build_report(run)
+def test_canned_figures(built):
+    _, s = built
     pdd, base = s["modes"]["pdd"], s["modes"]["cross-dc-pd"]
     assert (pdd["requests_total"], pdd["requests_failed"], base["requests_failed"]) == (20, 0, 1)
     assert pdd["relayed_share"] == pytest.approx(6 / 20)   # 5 p-rld-md + 1 rld-only
@@ -78,8 +89,8 @@ def test_canned_figures(run):
     assert s["passed"] is False
 
 
-def test_report_md_has_tables_comparisons_expectations_paper_and_plots(run):
-    build_report(run)
+def test_report_md_has_tables_comparisons_expectations_paper_and_plots(built):
+    run, _ = built
     md = (run / "report.md").read_text()
     for text in ["**Result: FAILED** (failed: handoff-stall-under-200ms)",
                  "| metric | `pdd` | `cross-dc-pd` |", "| TTFT p90 |", "(emulated ",
@@ -114,7 +125,8 @@ def test_passed_needs_every_expectation_and_no_lost_or_duplicated_token(run):
     path.write_text("\n".join([json.dumps(rec)] + lines[1:]) + "\n")
     s = build_report(run)
     assert s["passed"] is False and all(e["passed"] for e in s["expectations"])
-    assert "- **FAIL** `cross-dc-pd` lost 0 and duplicated 1 tokens" in (run / "report.md").read_text()
+    md = (run / "report.md").read_text()
+    assert "- **FAIL** `cross-dc-pd` lost 0 and duplicated 1 tokens" in md
 
 
 def test_missing_data_gives_notes_not_crashes(run):

@@ -1,0 +1,155 @@
+"""The client role: open-loop replay of a workload against the router, and requests.jsonl.
+
+Lifecycle of ``Client.run(requests)``: connect to the router (HELLO) ->
+send each REQUEST(prompt, max_out, {id, session}) at ``t0 + arrival_s``
+whatever the state of earlier ones (open loop) -> record every TOKENS /
+DONE / ERROR / REPORT in the request's ``RequestTrace`` -> a request not
+terminal ``request_timeout_s`` after it was sent fails ("timeout") and the
+router gets CANCEL -> once every request is terminal, wait up to
+``report_grace_s`` for the roles' REPORTs (and straggling tokens) -> close
+and return one record per request (``client_record``), in workload order.
+Losing the router connection fails every open request with that reason.
+
+Example::
+
+    reqs = [ClientRequest(0, 0.0, tuple(range(1, 65)), 32)]
+    records = await Client(cfg, transport).run(reqs)
+    write_records("requests.jsonl", records)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from testbed.errors import ProtocolError, SpecError
+from testbed.pdd.client_record import ClientRequest, RequestTrace
+from testbed.pdd.config import ClusterConfig
+from testbed.pdd.protocol import (Cancel, Done, Error, Frame, Hello, Report, Request, Role,
+                                  Tokens)
+from testbed.pdd.transport import Connection, ConnectionClosed, Transport
+
+__all__ = ["Client", "ClientRequest", "load_requests", "write_records", "from_workload"]
+
+
+class Client:
+    """Replays requests against the cluster's router (see the module docstring)."""
+
+    def __init__(self, cfg: ClusterConfig, transport: Transport, name: str = "client"):
+        self.cfg, self.transport, self.name = cfg, transport, name
+        self.traces: dict[int, RequestTrace] = {}  # by wire request id (1..)
+        self._conn: Connection | None = None
+        self._changed = asyncio.Event()
+        self._t0 = 0.0
+
+    async def run(self, requests: Sequence[ClientRequest]) -> list[dict]:
+        router = self.cfg.of_role(Role.ROUTER)[0]
+        self._conn = await self.transport.connect(router.host, router.port)
+        await self._conn.send(Frame(0, Hello(Role.CLIENT, self.name)))
+        self.traces = {i + 1: RequestTrace(r) for i, r in enumerate(requests)}
+        loop = asyncio.get_running_loop()
+        reader = loop.create_task(self._read())
+        self._t0 = loop.time() - min((r.arrival_s for r in requests), default=0.0)
+        try:
+            await asyncio.gather(*(self._send(rid, tr) for rid, tr in self.traces.items()))
+            await self._wait(lambda: all(t.terminal for t in self.traces.values()), None)
+            await self._wait(lambda: all(t.reports_complete and not (t.done and t.lost_positions())
+                                         for t in self.traces.values()),
+                             self.cfg.client.report_grace_s)
+        finally:
+            reader.cancel()
+            self._conn.close()
+            await asyncio.gather(reader, return_exceptions=True)
+        c = self.cfg
+        return [t.record(c.mode.value, c.relay.handoff_mode.value) for t in self.traces.values()]
+
+    async def _send(self, rid: int, trace: RequestTrace) -> None:
+        """Send at the arrival time, then enforce the request's timeout."""
+        loop = asyncio.get_running_loop()
+        await asyncio.sleep(max(0.0, self._t0 + trace.req.arrival_s - loop.time()))
+        req = trace.req
+        trace.t_sent = time.monotonic()
+        meta = {"id": req.id, "session": req.session}
+        try:
+            await self._conn.send(Frame(rid, Request(req.prompt, req.max_out, meta)))
+        except (ConnectionClosed, ProtocolError) as err:
+            trace.fail(f"cannot send: {err}")
+            self._changed.set()
+            return
+        timeout = self.cfg.client.request_timeout_s
+        try:
+            await asyncio.wait_for(self._until(lambda: trace.terminal), timeout)
+        except asyncio.TimeoutError:
+            trace.fail(f"timeout after {timeout:g} s")
+            self._changed.set()
+            try:
+                await self._conn.send(Frame(rid, Cancel()))
+            except ConnectionClosed:
+                pass
+
+    async def _until(self, cond) -> None:
+        while not cond():
+            self._changed.clear()
+            await self._changed.wait()
+
+    async def _wait(self, cond, timeout_s: float | None) -> None:
+        try:
+            await asyncio.wait_for(self._until(cond), timeout_s)
+        except asyncio.TimeoutError:
+            pass
+
+    async def _read(self) -> None:
+        try:
+            while True:
+                frame = await self._conn.recv()
+                self._on_frame(frame)
+                self._changed.set()
+        except (ConnectionClosed, ProtocolError) as err:
+            for t in self.traces.values():
+                t.fail(f"router connection lost: {err}")
+            self._changed.set()
+
+    def _on_frame(self, frame: Frame) -> None:
+        trace, msg = self.traces.get(frame.request_id), frame.message
+        if trace is None or trace.t_sent is None:
+            return
+        if isinstance(msg, Tokens):
+            trace.on_tokens(msg, time.monotonic())
+        elif isinstance(msg, Done):
+            trace.done = trace.done or trace.failure is None
+        elif isinstance(msg, Error):
+            trace.fail(msg.reason)
+        elif isinstance(msg, Report):
+            trace.on_report(msg)
+
+
+def from_workload(requests: Iterable) -> list[ClientRequest]:
+    """ClientRequests from ``testbed.workload`` Requests (id, arrival_s, prompt, output_len, session)."""
+    return [ClientRequest(r.id, r.arrival_s, tuple(r.prompt), r.output_len, r.session)
+            for r in requests]
+
+
+def load_requests(path: str | Path) -> list[ClientRequest]:
+    """Read a JSONL workload: one {"id", "arrival_s", "prompt", "max_out", "session"} per line."""
+    out = []
+    keys = {"id", "arrival_s", "prompt", "max_out", "session"}
+    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        obj = json.loads(line)
+        if not isinstance(obj, dict) or not keys >= set(obj) or not {"id", "prompt",
+                                                                      "max_out"} <= set(obj):
+            raise SpecError(str(path), f"line {n}", f"an object with keys {sorted(keys)}", obj)
+        out.append(ClientRequest(obj["id"], float(obj.get("arrival_s", 0.0)),
+                                 tuple(obj["prompt"]), obj["max_out"], obj.get("session", 0)))
+    return out
+
+
+def write_records(path: str | Path, records: Iterable[dict]) -> None:
+    """Write requests.jsonl: one JSON object per line."""
+    with open(path, "w") as f:
+        for rec in records:
+            f.write(json.dumps(rec, separators=(",", ":")) + "\n")

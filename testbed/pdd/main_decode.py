@@ -1,0 +1,236 @@
+"""The main decode role MD (DC B): DRC lookup, WAN KV receive, handoff extend, decoding.
+
+Request lifecycle at MD (docs/pdd-roles.md, steps 4-7):
+
+1. REQUEST (+ token 0) from P: look the prompt up in the decode-side radix
+   cache (DRC, block ``prefill.block_size``, values = per-block KV
+   segments); the KV of the hit comes from the DRC; answer KV_NEED(start).
+2. KV_CHUNKs [start, n) over the WAN, then KV_DONE: the prompt's blocks go
+   into the DRC (deduplicated; MD's hit rate is reported next to P's).
+3. ``p-md``: MD emits token 0 and joins its continuous batch (GPU_B).
+   ``p-rld-md``: MD sends KV_READY(n) to the request's RLD and waits for
+   HANDOFF batches. Each batch: the token ids MD has not applied yet
+   (``handoff.MainHandoff``) are recomputed with one ``extend`` pass that
+   joins a decode step; a non-final batch is answered with HANDOFF_ACK; after
+   the final batch MD emits from position m (the token the extend predicted)
+   and decodes to the end. A HANDOFF may arrive before the KV (the router
+   re-sends RLD's tokens when RLD died): it waits for KV_DONE.
+4. The last token: DONE to the router. Every request MD knew ends with one
+   REPORT (also on CANCEL, e.g. when RLD finished the request itself).
+
+If P's connection closes while MD still waits for KV, MD reports the loss
+with ERROR(UNAVAILABLE) for each such request and drops it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+from testbed.pdd.config import ClusterConfig, Pipeline
+from testbed.pdd.decoder import DecodeLoop, Emitted, Seq
+from testbed.pdd.handoff import MainHandoff
+from testbed.pdd.kvpayload import chunk_frame_bytes, decode_kv
+from testbed.pdd.model import KVCache, build_model
+from testbed.pdd.pacing import AsyncPacer
+from testbed.pdd.peers import Peer, RoleServer
+from testbed.pdd.prefill import block_segments, cache_from_blocks
+from testbed.pdd.protocol import (Cancel, Done, Error, ErrorCode, FinishReason, Frame, Handoff,
+                                  HandoffAck, Health, HealthAck, KvChunk, KvDone, KvNeed, KvReady,
+                                  ProtocolError, Report, Request, Role, Tokens)
+from testbed.pdd.radix import RadixCache
+from testbed.pdd.transport import ConnectionClosed, Transport
+
+
+@dataclass(eq=False)
+class MainState:
+    """One request at MD, from P's REQUEST to its REPORT."""
+
+    rid: int
+    request: Request
+    p_peer: Peer
+    cache: KVCache
+    handoff: MainHandoff
+    t_need: float = 0.0
+    kv_done: bool = False
+    batches: list[tuple[Peer, Handoff]] = field(default_factory=list)  # waiting for the KV
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    seq: Seq | None = None
+    report: dict = field(default_factory=lambda: {"kv_wan_bytes": 0, "kv_chunks": 0,
+                                                  "extend_tokens": 0, "handoff_batches": 0})
+
+    @property
+    def pipeline(self) -> Pipeline:
+        return Pipeline(self.request.metadata["pipeline"])
+
+
+class MainDecodeNode(RoleServer):
+    """MD: see the module docstring."""
+
+    ROLE = Role.MAIN_DECODE
+
+    def __init__(self, cfg: ClusterConfig, name: str, transport: Transport):
+        super().__init__(cfg, name, transport)
+        self.model = build_model(cfg.model)
+        self.decoder = DecodeLoop(self.model, cfg.timing.cost(Role.MAIN_DECODE),
+                                  AsyncPacer(cfg.timing.time_scale), self._on_tokens)
+        self.drc = RadixCache(cfg.prefill.block_size, cfg.main.drc_capacity_tokens)
+        self.states: dict[int, MainState] = {}
+        self.cancelled: set[int] = set()
+        self.early: dict[int, list[tuple[Peer, Handoff]]] = {}  # HANDOFFs before the REQUEST
+        self.router: Peer | None = None
+
+    async def on_start(self) -> None:
+        self.decoder.start()
+
+    async def on_stop(self) -> None:
+        await self.decoder.stop()
+
+    async def on_frame(self, peer: Peer, frame: Frame) -> None:
+        rid, msg = frame.request_id, frame.message
+        st = self.states.get(rid)
+        if peer.role == Role.ROUTER:
+            self.router = peer
+        if isinstance(msg, Health):
+            await peer.send(rid, HealthAck(msg.nonce, self.decoder.load, len(self.states)))
+        elif isinstance(msg, Request):
+            await self._on_request(peer, rid, msg)
+        elif isinstance(msg, Cancel):
+            await self._on_cancel(rid, st)
+        elif st is None:
+            if isinstance(msg, Handoff) and rid not in self.cancelled:
+                self.early.setdefault(rid, []).append((peer, msg))
+            return  # otherwise: cancelled or finished meanwhile
+        elif isinstance(msg, KvChunk):
+            self._on_chunk(st, msg)
+        elif isinstance(msg, KvDone):
+            await self._on_kv_done(st, msg)
+        elif isinstance(msg, Handoff):
+            st.batches.append((peer, msg))
+            if st.kv_done:
+                self.spawn(self._apply_batches(st), f"handoff {rid}")
+
+    async def _on_request(self, peer: Peer, rid: int, req: Request) -> None:
+        if rid in self.cancelled or rid in self.states:
+            await peer.send(rid, Cancel())
+            return
+        hit = self.drc.match(req.prompt_token_ids)
+        cache = cache_from_blocks(self.model, hit.values)
+        st = MainState(rid, req, peer, cache, MainHandoff(int(req.metadata["token0"])),
+                       batches=self.early.pop(rid, []))
+        st.report.update(md_hit_rate=hit.n_tokens / len(req.prompt_token_ids),
+                         drc_hit_tokens=hit.n_tokens)
+        self.states[rid] = st
+        st.t_need = time.monotonic()
+        await peer.send(rid, KvNeed(hit.n_tokens, len(req.prompt_token_ids)))
+
+    def _on_chunk(self, st: MainState, msg: KvChunk) -> None:
+        seg = decode_kv(msg.data)
+        if (seg.start, seg.end) != (msg.token_start, msg.token_end):
+            raise ProtocolError(f"KV_CHUNK [{msg.token_start}, {msg.token_end}) holds "
+                                f"[{seg.start}, {seg.end})")
+        st.cache.append(seg)
+        st.report["kv_wan_bytes"] += chunk_frame_bytes(msg)
+        st.report["kv_chunks"] += 1
+
+    async def _on_kv_done(self, st: MainState, msg: KvDone) -> None:
+        prompt = st.request.prompt_token_ids
+        if st.cache.length != len(prompt) or msg.num_tokens != len(prompt):
+            raise ProtocolError(f"KV_DONE for {msg.num_tokens} tokens, MD holds "
+                                f"{st.cache.length} of a {len(prompt)}-token prompt")
+        bs = self.cfg.prefill.block_size
+        self.drc.insert(prompt, block_segments(st.cache, len(prompt), bs))
+        st.kv_done = True
+        st.report.update(kv_transfer_s=time.monotonic() - st.t_need,
+                         drc_hit_rate=self.drc.stats.hit_rate)
+        if st.pipeline == Pipeline.P_MD:
+            await self._start_decoding(st, 0, st.handoff.first_token)
+        else:
+            self.spawn(self._kv_ready(st), f"kv ready {st.rid}")
+
+    async def _kv_ready(self, st: MainState) -> None:
+        """p-rld-md: tell RLD that MD holds the KV, then apply any waiting batches."""
+        prompt = st.request.prompt_token_ids
+        try:
+            rld = await self.peer(st.request.metadata["rld"])
+        except ConnectionClosed:
+            rld = None  # the router re-plans: RLD's tokens come back as a HANDOFF
+        if rld is not None and st.rid in self.states:
+            await rld.send(st.rid, KvReady(len(prompt)))
+        await self._apply_batches(st)
+
+    async def _apply_batches(self, st: MainState) -> None:
+        async with st.lock:  # one batch at a time, in arrival order
+            while st.batches and self.states.get(st.rid) is st:
+                peer, msg = st.batches.pop(0)
+                await self._apply_batch(st, peer, msg)
+
+    async def _apply_batch(self, st: MainState, peer: Peer, msg: Handoff) -> None:
+        h = st.handoff
+        if h.final:
+            return  # e.g. the router's re-sent tokens after RLD's own final batch
+        new = h.plan(msg.start_position, msg.token_ids, msg.final)
+        predicted = await self.decoder.extend(st.cache, new) if new else None
+        h.applied(new, predicted, msg.final)
+        st.report["extend_tokens"] += len(new)
+        st.report["handoff_batches"] += 1
+        if self.states.get(st.rid) is not st:
+            return
+        if msg.final:
+            st.report["handoff_tokens"] = h.next_position
+            await self._start_decoding(st, h.next_position, h.next_token)
+        else:
+            await peer.send(st.rid, HandoffAck(msg.batch, h.next_position))
+
+    async def _start_decoding(self, st: MainState, position: int, token: int) -> None:
+        """Emit ``token`` at ``position`` (MD's first token) and decode the rest."""
+        max_out = st.request.max_output_tokens
+        if position >= max_out:  # everything was emitted upstream
+            await self._finish(st, position)
+            return
+        await self._send_router(st.rid, Tokens(Role.MAIN_DECODE, position, (token,)))
+        if position + 1 >= max_out:
+            await self._finish(st, position + 1)
+            return
+        st.seq = Seq(st.rid, st.cache, token, position + 1, max_out)
+        self.decoder.join(st.seq)
+
+    async def _on_tokens(self, emitted: list[Emitted]) -> None:
+        for e in emitted:
+            await self._send_router(e.seq.rid, Tokens(Role.MAIN_DECODE, e.position, (e.token_id,)))
+            if e.finished and e.seq.rid in self.states:
+                await self._finish(self.states[e.seq.rid], e.position + 1)
+
+    async def _finish(self, st: MainState, n_tokens: int) -> None:
+        await self._send_router(st.rid, Done(n_tokens, FinishReason.LENGTH))
+        await self._free(st, {})
+
+    async def _on_cancel(self, rid: int, st: MainState | None) -> None:
+        self.cancelled.add(rid)
+        self.early.pop(rid, None)
+        if len(self.cancelled) > 100_000:
+            self.cancelled.clear()  # a bound; very old ids never come back
+        if st is not None:
+            await self._free(st, {"cancelled": True})
+
+    async def on_peer_lost(self, peer: Peer) -> None:
+        if peer.role != Role.PREFILL:
+            return
+        for st in [s for s in self.states.values() if s.p_peer is peer and not s.kv_done]:
+            await self._send_router(st.rid, Error(ErrorCode.UNAVAILABLE,
+                                                  f"MAIN_DECODE: KV source {peer.name} lost"))
+            await self._free(st, {"kv_lost": True})
+
+    async def _send_router(self, rid: int, msg) -> None:
+        if self.router is not None:
+            await self.router.send(rid, msg)
+
+    async def _free(self, st: MainState, extra: dict) -> None:
+        if self.states.pop(st.rid, None) is None:
+            return
+        self.decoder.leave(st.rid)
+        h = st.handoff
+        report = dict(st.report, **extra, handoff_mismatches=h.mismatches,
+                      overruns=st.seq.overruns if st.seq else 0)
+        await self._send_router(st.rid, Report(Role.MAIN_DECODE, self.name, report))
