@@ -127,7 +127,8 @@ class Client:
 
 
 def from_workload(requests: Iterable) -> list[ClientRequest]:
-    """ClientRequests from ``testbed.workload`` Requests (id, arrival_s, prompt, output_len, session)."""
+    """ClientRequests from ``testbed.workload`` Requests (id, arrival_s, prompt, output_len,
+    session): ``from_workload(load_workload(path).requests)``."""
     return [ClientRequest(r.id, r.arrival_s, tuple(r.prompt), r.output_len, r.session)
             for r in requests]
 

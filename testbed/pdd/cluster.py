@@ -26,6 +26,7 @@ from testbed.pdd.client import Client
 from testbed.pdd.client_record import ClientRequest
 from testbed.pdd.config import ClusterConfig, Instance
 from testbed.pdd.main_decode import MainDecodeNode
+from testbed.pdd.model import set_threads
 from testbed.pdd.peers import RoleServer
 from testbed.pdd.prefill import PrefillNode
 from testbed.pdd.relay_decode import RelayDecodeNode
@@ -74,6 +75,7 @@ class ClusterHandles:
 
 async def start_cluster(cfg: ClusterConfig, transport_factory: TransportFactory) -> ClusterHandles:
     """Start every P, RLD, MD and router instance of ``cfg``; see the module docstring."""
+    set_threads(1)  # roles share the loop: one torch thread avoids 2-core contention
     handles = ClusterHandles(cfg, transport_factory)
     try:
         for role in START_ORDER:

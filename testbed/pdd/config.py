@@ -235,7 +235,7 @@ def _check_instances(cfg: ClusterConfig, file: str) -> None:
     for k, inst in enumerate(cfg.instances):
         if not inst.name:
             raise SpecError(file, f"instances[{k}].name", "a non-empty name", inst.name)
-        if names.count(inst.name) > 1:
+        if inst.name in names[:k]:
             raise SpecError(file, f"instances[{k}].name", "a unique name", inst.name)
         if inst.role != Role.CLIENT and inst.port == 0:
             raise SpecError(file, f"instances[{k}].port", "a port for a listening role", 0)

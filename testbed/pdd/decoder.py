@@ -33,7 +33,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from testbed.pdd.costmodel import CostModel
-from testbed.pdd.model import KVCache, TinyDecoder, argmax
+from testbed.pdd.model import KVCache, ModelConfig, TinyDecoder, argmax, build_model
 from testbed.pdd.pacing import AsyncPacer
 
 log = logging.getLogger(__name__)
@@ -152,6 +152,16 @@ class DecodeLoop:
             out.append(Emitted(seq, position, tok, finished))
         if out:
             await self._sink(out)
+
+
+def warm_model(cfg: ModelConfig) -> TinyDecoder:
+    """Build the model and run each kind of pass once, so the first request does not pay
+    torch's lazy initialisation (tens of ms) inside its TTFT."""
+    model = build_model(cfg)
+    _, cache = model.prefill([0] * 20)
+    model.decode_step(cache, 1)
+    model.extend(cache, [2, 3])
+    return model
 
 
 def _log_crash(task: asyncio.Task) -> None:

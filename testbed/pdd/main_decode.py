@@ -29,10 +29,10 @@ import time
 from dataclasses import dataclass, field
 
 from testbed.pdd.config import ClusterConfig, Pipeline
-from testbed.pdd.decoder import DecodeLoop, Emitted, Seq
+from testbed.pdd.decoder import DecodeLoop, Emitted, Seq, warm_model
 from testbed.pdd.handoff import MainHandoff
 from testbed.pdd.kvpayload import chunk_frame_bytes, decode_kv
-from testbed.pdd.model import KVCache, build_model
+from testbed.pdd.model import KVCache
 from testbed.pdd.pacing import AsyncPacer
 from testbed.pdd.peers import Peer, RoleServer
 from testbed.pdd.prefill import block_segments, cache_from_blocks
@@ -72,17 +72,17 @@ class MainDecodeNode(RoleServer):
 
     def __init__(self, cfg: ClusterConfig, name: str, transport: Transport):
         super().__init__(cfg, name, transport)
-        self.model = build_model(cfg.model)
+        self.model = warm_model(cfg.model)
         self.decoder = DecodeLoop(self.model, cfg.timing.cost(Role.MAIN_DECODE),
                                   AsyncPacer(cfg.timing.time_scale), self._on_tokens)
         self.drc = RadixCache(cfg.prefill.block_size, cfg.main.drc_capacity_tokens)
         self.states: dict[int, MainState] = {}
         self.cancelled: set[int] = set()
         self.early: dict[int, list[tuple[Peer, Handoff]]] = {}  # HANDOFFs before the REQUEST
-        self.router: Peer | None = None
 
     async def on_start(self) -> None:
         self.decoder.start()
+        self.warm([i.name for i in self.cfg.of_role(Role.RELAY_DECODE)])
 
     async def on_stop(self) -> None:
         await self.decoder.stop()
@@ -90,8 +90,6 @@ class MainDecodeNode(RoleServer):
     async def on_frame(self, peer: Peer, frame: Frame) -> None:
         rid, msg = frame.request_id, frame.message
         st = self.states.get(rid)
-        if peer.role == Role.ROUTER:
-            self.router = peer
         if isinstance(msg, Health):
             await peer.send(rid, HealthAck(msg.nonce, self.decoder.load, len(self.states)))
         elif isinstance(msg, Request):
@@ -150,7 +148,11 @@ class MainDecodeNode(RoleServer):
             self.spawn(self._kv_ready(st), f"kv ready {st.rid}")
 
     async def _kv_ready(self, st: MainState) -> None:
-        """p-rld-md: tell RLD that MD holds the KV, then apply any waiting batches."""
+        """p-rld-md: tell RLD that MD holds the KV, or apply the router's batch
+        (RLD died before MD had the KV: its token ids came from the router)."""
+        if st.batches:
+            await self._apply_batches(st)
+            return
         prompt = st.request.prompt_token_ids
         try:
             rld = await self.peer(st.request.metadata["rld"])

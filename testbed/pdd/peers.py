@@ -78,6 +78,7 @@ class RoleServer:
         self._connecting: dict[str, asyncio.Future] = {}
         self._tasks: set[asyncio.Task] = set()
         self._stopped = False
+        self.router: Peer | None = None  # the router's inbound connection, once it greeted
 
     @property
     def address(self) -> tuple[str, int]:
@@ -128,6 +129,16 @@ class RoleServer:
             log.error("%s: task %s failed", self.name, task.get_name(),
                       exc_info=task.exception())
 
+    def warm(self, names: list[str]) -> None:
+        """Open connections to ``names`` in the background (a failure is left for first use)."""
+        async def one(name: str) -> None:
+            try:
+                await self.peer(name)
+            except ConnectionClosed:
+                pass
+        for name in names:
+            self.spawn(one(name), f"warm {name}")
+
     async def peer(self, name: str) -> Peer:
         """The outbound connection to instance ``name``, opened on first use.
 
@@ -172,7 +183,10 @@ class RoleServer:
         if not isinstance(first.message, Hello):
             raise ProtocolError(f"first frame must be HELLO, got {first.msg_type.name}")
         hello = first.message
-        await self._read_loop(Peer(conn, hello.role, hello.name, outbound=False))
+        peer = Peer(conn, hello.role, hello.name, outbound=False)
+        if hello.role == Role.ROUTER:
+            self.router = peer
+        await self._read_loop(peer)
 
     async def _read_loop(self, peer: Peer) -> None:
         try:

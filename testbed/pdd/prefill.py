@@ -31,8 +31,9 @@ import time
 from dataclasses import dataclass, field
 
 from testbed.pdd.config import ClusterConfig, Pipeline
+from testbed.pdd.decoder import warm_model
 from testbed.pdd.kvpayload import chunk_frame_bytes, encode_kv
-from testbed.pdd.model import KVCache, argmax, build_model
+from testbed.pdd.model import KVCache, argmax
 from testbed.pdd.pacing import AsyncPacer
 from testbed.pdd.peers import Peer, RoleServer
 from testbed.pdd.protocol import (Cancel, Error, ErrorCode, Frame, KvChunk, KvDone,
@@ -81,22 +82,22 @@ class PrefillNode(RoleServer):
 
     def __init__(self, cfg: ClusterConfig, name: str, transport: Transport):
         super().__init__(cfg, name, transport)
-        self.model = build_model(cfg.model)
+        self.model = warm_model(cfg.model)
         self.cost = cfg.timing.cost(Role.PREFILL)
         self.pacer = AsyncPacer(cfg.timing.time_scale)
         self.prefix = RadixCache(cfg.prefill.block_size, cfg.prefill.cache_capacity_tokens)
         self.jobs: dict[int, PrefillJob] = {}
         self._queue: asyncio.Queue[PrefillJob] = asyncio.Queue()
-        self.router: Peer | None = None
 
     async def on_start(self) -> None:
         self.spawn(self._prefill_worker(), "prefill worker")
+        self.warm([i.name for role in (Role.RELAY_DECODE, Role.MAIN_DECODE)
+                   for i in self.cfg.of_role(role)])
 
     async def on_frame(self, peer: Peer, frame: Frame) -> None:
         rid, msg = frame.request_id, frame.message
         job = self.jobs.get(rid)
         if peer.role == Role.ROUTER:
-            self.router = peer
             if isinstance(msg, Request):
                 job = PrefillJob(rid, msg, time.monotonic())
                 self.jobs[rid] = job
@@ -128,7 +129,13 @@ class PrefillNode(RoleServer):
             if job.cancelled:
                 self._finish(job, {"cancelled": True})
                 continue
-            await self._prefill(job)
+            try:
+                await self._prefill(job)
+            except ValueError as err:  # e.g. ids outside the vocabulary: fail this request only
+                if self.router is not None:
+                    await self.router.send(job.rid, Error(ErrorCode.INTERNAL, f"prefill: {err}"))
+                self._finish(job, {"error": str(err)})
+                continue
             self.spawn(self._ship(job), f"ship {job.rid}")
 
     async def _prefill(self, job: PrefillJob) -> None:
@@ -145,7 +152,8 @@ class PrefillNode(RoleServer):
         job.cache, job.token0 = cache, argmax(logits)
         job.report.update(p_hit_rate=hit.n_tokens / len(prompt), hit_tokens=hit.n_tokens,
                           prompt_len=len(prompt), queue_s=t_start - job.t_queued,
-                          prefill_real_s=real_s, prefill_modeled_s=modeled_s * self.pacer.time_scale,
+                          prefill_real_s=real_s,
+                          prefill_modeled_s=modeled_s * self.pacer.time_scale,
                           overruns=int(overrun), kv_overrun_bytes=0,
                           p_cache_hit_rate=self.prefix.stats.hit_rate)
 

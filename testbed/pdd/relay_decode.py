@@ -28,10 +28,10 @@ import time
 from dataclasses import dataclass, field
 
 from testbed.pdd.config import ClusterConfig, Pipeline
-from testbed.pdd.decoder import DecodeLoop, Emitted, Seq
+from testbed.pdd.decoder import DecodeLoop, Emitted, Seq, warm_model
 from testbed.pdd.handoff import HandoffBatch, RelayHandoff, RelayPhase
 from testbed.pdd.kvpayload import chunk_frame_bytes, decode_kv
-from testbed.pdd.model import KVCache, build_model
+from testbed.pdd.model import KVCache
 from testbed.pdd.pacing import AsyncPacer
 from testbed.pdd.peers import Peer, RoleServer, frame_bytes
 from testbed.pdd.protocol import (Cancel, Done, Error, ErrorCode, FinishReason, Frame, Handoff,
@@ -66,11 +66,11 @@ class RelayDecodeNode(RoleServer):
 
     def __init__(self, cfg: ClusterConfig, name: str, transport: Transport):
         super().__init__(cfg, name, transport)
-        self.model = build_model(cfg.model)
+        self.model = warm_model(cfg.model)
         self.decoder = DecodeLoop(self.model, cfg.timing.cost(Role.RELAY_DECODE),
                                   AsyncPacer(cfg.timing.time_scale), self._on_tokens)
         self.states: dict[int, RelayState] = {}
-        self.router: Peer | None = None
+        self.ended: set[int] = set()  # ids freed or cancelled: later frames are ignored
 
     async def on_start(self) -> None:
         self.decoder.start()
@@ -88,7 +88,6 @@ class RelayDecodeNode(RoleServer):
     async def on_frame(self, peer: Peer, frame: Frame) -> None:
         rid, msg = frame.request_id, frame.message
         if peer.role == Role.ROUTER:
-            self.router = peer
             await self._from_router(peer, rid, msg)
         elif peer.role == Role.PREFILL:
             await self._from_prefill(rid, msg)
@@ -99,8 +98,10 @@ class RelayDecodeNode(RoleServer):
         st = self.states.get(rid)
         if isinstance(msg, Health):
             await peer.send(rid, HealthAck(msg.nonce, self.decoder.load, len(self.states)))
-        elif isinstance(msg, Cancel) and st is not None:
-            await self._free(st, {"cancelled": True})
+        elif isinstance(msg, Cancel):
+            self._mark_ended(rid)
+            if st is not None:
+                await self._free(st, {"cancelled": True})
         elif isinstance(msg, Error):  # the router says MD's path failed
             if st is None:
                 await peer.send(rid, Error(ErrorCode.UNKNOWN_REQUEST, "RLD already freed it"))
@@ -108,6 +109,8 @@ class RelayDecodeNode(RoleServer):
                 await self._md_lost(st, msg.reason)
 
     async def _from_prefill(self, rid: int, msg) -> None:
+        if rid in self.ended:
+            return
         if isinstance(msg, Request):
             st = self._state(rid)
             st.request, st.cache = msg, self.model.new_cache()
@@ -141,7 +144,10 @@ class RelayDecodeNode(RoleServer):
             self.decoder.join(st.seq)
 
     async def _from_md(self, peer: Peer, rid: int, msg) -> None:
-        if isinstance(msg, KvReady):
+        if rid in self.ended:  # RLD finished it (or it was cancelled): MD can drop it now
+            if isinstance(msg, KvReady):
+                await peer.send(rid, Cancel())
+        elif isinstance(msg, KvReady):
             st = self._state(rid)
             st.md_peer = peer
             st.report["t_kv_ready_rel_s"] = time.monotonic() - st.t_first
@@ -196,7 +202,7 @@ class RelayDecodeNode(RoleServer):
         for e in emitted:
             st.tokens.append(e.token_id)
             if e.position != len(st.tokens) - 1:
-                raise AssertionError(f"RLD emitted position {e.position} after {len(st.tokens) - 1}")
+                raise AssertionError(f"RLD emitted {e.position} after {len(st.tokens) - 1}")
         st.handoff.on_emitted(len(st.tokens))
         first = emitted[0].position
         if self.router is not None:
@@ -209,9 +215,15 @@ class RelayDecodeNode(RoleServer):
                 await self.router.send(st.rid, Done(len(st.tokens), FinishReason.LENGTH))
             await self._free(st, {})
 
+    def _mark_ended(self, rid: int) -> None:
+        self.ended.add(rid)
+        if len(self.ended) > 100_000:
+            self.ended.clear()  # a bound; very old ids never come back
+
     async def _free(self, st: RelayState, extra: dict) -> None:
         if self.states.pop(st.rid, None) is None:
             return
+        self._mark_ended(st.rid)
         self.decoder.leave(st.rid)
         h = st.handoff
         pipeline = st.pipeline.value if st.pipeline else None

@@ -98,7 +98,21 @@ class RouterNode(RoleServer):
         elif peer.role in _ROLES and rid in self.requests:
             await self._from_role(peer, self.requests[rid], msg)
 
+    def _invalid(self, req: Request) -> str | None:
+        """Why the tiny model cannot serve ``req`` (checked before routing), or None."""
+        m = self.cfg.model
+        if len(req.prompt_token_ids) + req.max_output_tokens > m.max_context:
+            return f"prompt + max output exceed the model's context of {m.max_context} tokens"
+        if max(req.prompt_token_ids) >= m.vocab_size:
+            return f"prompt has token ids >= the vocabulary size {m.vocab_size}"
+        return None
+
     async def _route(self, client: Peer, client_rid: int, req: Request) -> None:
+        if (why := self._invalid(req)) is not None:
+            info = {"pipeline": None, "reason": why, "roles": [], "mode": self.cfg.mode.value}
+            await client.send(client_rid, Report(Role.ROUTER, self.name, info))
+            await client.send(client_rid, Error(ErrorCode.PROTOCOL, f"rejected: {why}"))
+            return
         names = {role: self._pick(role) for role in _ROLES}
         hit = self.mirror.route(req.prompt_token_ids)
         active = self.rld_active.get(names[Role.RELAY_DECODE], 0)
@@ -113,7 +127,8 @@ class RouterNode(RoleServer):
                    {role: names[role] for role in involved})
         self.requests[r.rid] = r
         self._by_client[(id(client), client_rid)] = r
-        info = {"pipeline": d.pipeline.value, "reason": d.reason, "expected_wan_s": d.expected_wan_s,
+        info = {"pipeline": d.pipeline.value, "reason": d.reason,
+                "expected_wan_s": d.expected_wan_s,
                 "router_hit_tokens": hit, "wan_gbit": self.wan.gbit, "rld_active": active,
                 "roles": sorted(role.name for role in involved), "mode": self.cfg.mode.value}
         self.decisions.append(dict(info, rid=r.rid))
@@ -196,6 +211,10 @@ class RouterNode(RoleServer):
         await self._end(r, f"{role.name} lost: {why}")
 
     async def on_peer_lost(self, peer: Peer) -> None:
+        if peer.role == Role.CLIENT:  # nobody left to serve: cancel its open requests
+            for r in [r for r in self.requests.values() if r.client is peer]:
+                await self._end(r, None)
+            return
         if peer.role not in _ROLES:
             return
         self.dead.add(peer.name)

@@ -31,7 +31,7 @@ from testbed.scenario.faults import Action, actions_for
 from testbed.scenario.metadata import write_metadata
 from testbed.scenario.sampler import SAMPLE_EVERY_S, LinkSampler
 from testbed.scenario.status import Status
-from testbed.spec.scenario import Mode, Scenario
+from testbed.spec.scenario import ModeRun, Scenario
 from testbed.spec.topology import Role
 
 PREFLIGHT_RTT_TOL_MS = 3.0
@@ -87,9 +87,11 @@ def preflight(net) -> dict:
     return ping
 
 
-def run_mode(sc: Scenario, mode: Mode, plan_args: dict, workload, out: Path) -> None:
+def run_mode(sc: Scenario, mode: ModeRun, plan_args: dict, out: Path) -> None:
     from testbed.scenario.roles import start_roles
+    from testbed.workload import build_workload
 
+    workload = build_workload(mode.workload, Path(sc.file).parent)
     mode_dir = out / mode.value
     mode_dir.mkdir(parents=True, exist_ok=True)
     events = EventLog(mode_dir / "events.jsonl")
@@ -134,12 +136,12 @@ def run_scenario(sc: Scenario, opts: RunOptions) -> dict:
     plan_args = {"backend": backend, "scale": opts.scale or sc.scale, "seed": seed}
     scale = make_plan(sc.topology, **plan_args).scale
     plan_args["scale"] = scale
-    workload = build_workload(sc.workload, Path(sc.file).parent)
+    workload = build_workload(sc.workload, Path(sc.file).parent)  # the shared one, for metadata
     opts.out_dir.mkdir(parents=True, exist_ok=True)
     write_metadata(opts.out_dir, sc, backend.value, scale, seed, workload.stats)
     print(f"testbed: {sc.name}: {len(workload.requests)} requests, modes "
           f"{', '.join(m.value for m in sc.modes)}; backend {backend.value}, k={scale:g}; "
           f"out {opts.out_dir}", file=sys.stderr)
     for mode in sc.modes:
-        run_mode(sc, mode, plan_args, workload, opts.out_dir)
+        run_mode(sc, mode, plan_args, opts.out_dir)
     return build_report(opts.out_dir)

@@ -8,13 +8,14 @@ expectations that say what it demonstrates. Pure: reading files only.
 Example::
 
     sc = load_scenario("scenarios/quickstart.yaml")
-    sc.modes            # (Mode.PDD, Mode.CROSS_DC_PD)
+    [m.name for m in sc.modes]   # ["pdd", "cross-dc-pd"]
     sc.topology.wan.rtt_ms
 """
 
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,6 +44,7 @@ METRICS = ("requests_total", "requests_completed", "requests_failed", "tokens_lo
            "e2e_p99_s", "goodput_rps", "handoff_stall_p99_ms", "wan_bytes", "intra_dc_bytes",
            "rld_token_share", "relayed_share")
 OPS = ("==", "<=", "<", ">=", ">")
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,7 @@ class PddSettings:
     """Role settings shared by every mode of a scenario."""
 
     kv_bytes_per_token: int = 50_000     # modeled big model's KV per token (nominal)
+    token_scale: int = 32                # modeled tokens per real (tiny-model) token
     handoff_mode: HandoffMode = HandoffMode.CATCH_UP
     catchup_threshold_tokens: int = 64
     anomalous_filter: bool = True
@@ -80,13 +83,28 @@ class Expectation:
 
 
 @dataclass(frozen=True)
+class ModeRun:
+    """One mode as the scenario runs it: a name (its run folder), the mode,
+    and the role settings and workload for it (a variant may override)."""
+
+    name: str
+    mode: Mode
+    pdd: PddSettings
+    workload: object            # testbed.workload.WorkloadSpec
+
+    @property
+    def value(self) -> str:     # reads like Mode.value where a name is shown
+        return self.name
+
+
+@dataclass(frozen=True)
 class Scenario:
     name: str
     file: str
     description: str
     topology: Topology
-    modes: tuple[Mode, ...]
-    workload: object            # testbed.workload.WorkloadSpec
+    modes: tuple[ModeRun, ...]
+    workload: object            # testbed.workload.WorkloadSpec (the shared one)
     faults: tuple[FaultSpec, ...]
     expectations: tuple[Expectation, ...]
     pdd: PddSettings = PddSettings()
@@ -98,12 +116,12 @@ class Scenario:
     extra: dict = field(default_factory=dict, compare=False)
 
 
-def _parse_pdd(f: Fields | None) -> PddSettings:
+def _parse_pdd(f: Fields | None, d: PddSettings = PddSettings()) -> PddSettings:
     if f is None:
-        return PddSettings()
-    d = PddSettings()
+        return d
     s = PddSettings(
         kv_bytes_per_token=f.int("kv_bytes_per_token", d.kv_bytes_per_token, lo=1),
+        token_scale=f.int("token_scale", d.token_scale, lo=1),
         handoff_mode=HandoffMode(f.choice("handoff_mode", tuple(m.value for m in HandoffMode),
                                           d.handoff_mode.value)),
         catchup_threshold_tokens=f.int("catchup_threshold_tokens", d.catchup_threshold_tokens,
@@ -158,14 +176,11 @@ def parse_scenario(data: object, file: str) -> Scenario:
     name = f.str("name")
     description = f.str("description", "")
     topo = _parse_topology(f, base)
-    mode_vals = tuple(m.value for m in Mode)
-    modes_raw = f.list("modes", min_len=1)
-    for i, m in enumerate(modes_raw):
-        if m not in mode_vals or modes_raw.index(m) != i:
-            raise SpecError(file, f"modes[{i}]", "a mode not listed before, one of "
-                            + ", ".join(mode_vals), m)
-    modes = tuple(Mode(m) for m in modes_raw)
+    pdd = _parse_pdd(f.sub("pdd", None))
+    workload_raw = f.raw("workload")
     workload = parse_workload(f.sub("workload"))
+    modes = _parse_modes(f, pdd, workload_raw, workload)
+    modes_raw = tuple(m.name for m in modes)
     faults = parse_faults(f, "faults", base)
     exps = tuple(_parse_expectation(e, tuple(modes_raw)) for e in f.items("expectations")) \
         if f.has("expectations") else ()
@@ -174,7 +189,7 @@ def parse_scenario(data: object, file: str) -> Scenario:
         scale = f.num("scale", lo=1)
     sc = Scenario(
         name, file, description, topo, modes, workload, faults, exps,
-        pdd=_parse_pdd(f.sub("pdd", None)),
+        pdd=pdd,
         sla=_parse_sla(f.sub("sla", None)),
         seed=f.int("seed", 1, lo=0),
         scale=None if scale == "auto" else scale,
@@ -182,6 +197,47 @@ def parse_scenario(data: object, file: str) -> Scenario:
         drain_s=f.num("drain_s", 60.0, lo=0, unit="s"))
     f.done()
     return sc
+
+
+def _merge(base: object, over: object) -> object:
+    """YAML-level override: mappings merge key by key, anything else replaces."""
+    if isinstance(base, dict) and isinstance(over, dict):
+        out = dict(base)
+        for k, v in over.items():
+            out[k] = _merge(base.get(k), v)
+        return out
+    return over
+
+
+def _parse_modes(f: Fields, pdd: PddSettings, workload_raw: object,
+                 workload: object) -> tuple[ModeRun, ...]:
+    """``modes``: names of modes, or variants {name, mode, pdd: {...}, workload: {...}}."""
+    from testbed.workload import parse_workload
+
+    mode_vals = tuple(m.value for m in Mode)
+    out: list[ModeRun] = []
+    for i, item in enumerate(f.list("modes", min_len=1)):
+        where = f"{f.where('modes')}[{i}]"
+        if isinstance(item, str):
+            if item not in mode_vals:
+                raise SpecError(f.file, where, "one of " + ", ".join(mode_vals), item)
+            run = ModeRun(item, Mode(item), pdd, workload)
+        else:
+            v = Fields(item, f.file, f"modes[{i}]")
+            name = v.str("name", check=lambda s: None if NAME_RE.match(s)
+                         else "a folder-safe name of letters, digits and dashes")
+            mode = Mode(v.choice("mode", mode_vals))
+            mpdd = _parse_pdd(v.sub("pdd", None), pdd)
+            wl = workload
+            if v.has("workload"):
+                merged = _merge(workload_raw, v.raw("workload"))
+                wl = parse_workload(Fields(merged, f.file, f"modes[{i}].workload"))
+            v.done()
+            run = ModeRun(name, mode, mpdd, wl)
+        if run.name in [m.name for m in out]:
+            raise SpecError(f.file, where, "a mode name not listed before", run.name)
+        out.append(run)
+    return tuple(out)
 
 
 def _parse_sla(f: Fields | None) -> Sla:

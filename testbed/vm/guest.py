@@ -55,6 +55,7 @@ class VmConfig:
     memory_mb: int = field(default=2048, metadata={"help": "4096 if torch runs inside"})
     cpus: int = field(default=2, metadata={"help": "guest vCPUs (TCG threads)"})
     qemu: str = field(default=QEMU, metadata={"help": "qemu binary"})
+    kernel_args: str = field(default="", metadata={"help": "extra kernel command-line words"})
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,8 @@ def prepare(config: VmConfig = VmConfig(), refresh: bool = False) -> Prepared:
 
 def qemu_args(config: VmConfig, prep: Prepared, results: Path) -> list[str]:
     append = (f"console=ttyS0 quiet loglevel=3 panic=-1 "
-              f"tbvm_results={results} tbvm_modules={prep.kernel.modules_dir.resolve()}")
+              f"tbvm_results={results} tbvm_modules={prep.kernel.modules_dir.resolve()} "
+              f"{config.kernel_args}").strip()
     if len(append) > 2000:
         raise VmError("kernel command line too long (results path?)")
     share = "security_model=none,multidevs=remap"

@@ -46,10 +46,33 @@ def changed(path: str, value):
 
 def test_valid_scenario():
     sc = parse_scenario(copy.deepcopy(BASE), FILE)
-    assert sc.modes == (Mode.PDD, Mode.CROSS_DC_PD)
+    assert [(m.name, m.mode) for m in sc.modes] == [("pdd", Mode.PDD),
+                                                     ("cross-dc-pd", Mode.CROSS_DC_PD)]
     assert sc.faults[0].end_s == 15 and sc.faults[0].params == {"flows": 4, "direction": "a>b"}
     assert sc.pdd.handoff_mode is HandoffMode.CATCH_UP and sc.scale is None
     assert sc.expectations[1].baseline == "cross-dc-pd"
+
+
+def test_mode_variants_override_settings_and_workload():
+    data = changed("modes", [
+        "cross-dc-pd",
+        {"name": "pdd-oneshot", "mode": "pdd", "pdd": {"handoff_mode": "one_shot"}},
+        {"name": "pdd-h50", "mode": "pdd", "workload": {"hit_rate": {"mean_pct": 50}}}])
+    data["expectations"] = [{"name": "x", "mode": "pdd-oneshot", "metric": "tokens_lost",
+                             "op": "==", "value": 0}]
+    sc = parse_scenario(data, FILE)
+    one, h50 = sc.modes[1], sc.modes[2]
+    assert one.pdd.handoff_mode is HandoffMode.ONE_SHOT and one.workload == sc.workload
+    assert h50.pdd == sc.pdd and h50.workload != sc.workload
+    assert h50.workload.synthetic.n_requests == sc.workload.synthetic.n_requests
+    bad = copy.deepcopy(data)
+    bad["modes"][1]["name"] = "Bad Name"
+    with pytest.raises(SpecError, match="folder-safe"):
+        parse_scenario(bad, FILE)
+    bad = copy.deepcopy(data)
+    bad["modes"][2]["name"] = "pdd-oneshot"
+    with pytest.raises(SpecError, match="not listed before"):
+        parse_scenario(bad, FILE)
 
 
 def test_wan_override_changes_both_directions():

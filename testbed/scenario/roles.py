@@ -1,0 +1,170 @@
+"""The PDD roles of one mode, started inside the emulated hosts.
+
+Owns the bridge between a scenario and ``testbed.pdd``: it writes the
+cluster config (every role instance at its host's address, the mode, the
+scenario's role settings, k and the WAN prior), writes the workload as
+JSONL, starts one ``python -m testbed.pdd.node`` per role inside its host
+(registered with the network's registry, so teardown and ``testbed clean``
+stop them), waits for each ``ready``, then starts the client. It can kill a
+role process (fault ``kill``) and stops everything at the end.
+
+Role processes log to ``MODE/roles/NAME.log``.
+"""
+
+from __future__ import annotations
+
+import json
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from testbed.errors import EmulationError
+from testbed.net.registry import stop_process
+from testbed.spec.topology import Role as TopoRole
+
+BASE_PORT = 7100
+READY_TIMEOUT_S = 60.0
+_ROLES = {TopoRole.PREFILL: "prefill", TopoRole.RELAY_DECODE: "relay_decode",
+          TopoRole.MAIN_DECODE: "main_decode", TopoRole.ROUTER: "router",
+          TopoRole.CLIENT: "client"}
+_START_ORDER = ("prefill", "relay_decode", "main_decode", "router")
+
+
+def cluster_dict(net, mode_run, settings) -> dict:
+    """The cluster config (plain data, validated by testbed.pdd.config)."""
+    topo = net.plan.topology
+    instances = []
+    for i, host in enumerate(topo.hosts):
+        for role in host.roles:
+            if role in _ROLES:
+                name = host.name if role is not TopoRole.CLIENT or \
+                    TopoRole.ROUTER not in host.roles else f"{host.name}c"
+                instances.append({"name": name, "role": _ROLES[role], "host": host.ip,
+                                  "port": 0 if role is TopoRole.CLIENT else BASE_PORT + i,
+                                  "dc": "A" if host.dc == topo.datacenters[0].name else "B"})
+    pdd = mode_run.pdd
+    ts = pdd.token_scale
+    return {
+        "instances": instances,
+        "mode": mode_run.mode.value,
+        "timing": {"time_scale": pdd.time_scale, "kv_scale_k": net.plan.scale,
+                   "kv_bytes_per_token": pdd.kv_bytes_per_token, "token_scale": ts},
+        "relay": {"handoff_mode": pdd.handoff_mode.value.replace("_", "-"),
+                  "catchup_threshold": pdd.catchup_threshold_tokens},
+        "router": {"relay_threshold_s": pdd.relay_threshold_s,
+                   "anomalous_filter": pdd.anomalous_filter,
+                   "wan_prior_gbit": topo.wan.a_to_b.rate_gbit,
+                   "wan_rtt_s": topo.wan.rtt_ms / 1000.0},
+        "client": {"request_timeout_s": pdd.request_timeout_s},
+        **settings,
+    }
+
+
+def write_workload(path: Path, workload) -> None:
+    with path.open("w") as fh:
+        for r in workload.requests:
+            fh.write(json.dumps({"id": r.id, "arrival_s": r.arrival_s, "prompt": list(r.prompt),
+                                 "max_out": r.output_len, "session": r.session,
+                                 "designed_hit_rate": r.designed_hit_rate}) + "\n")
+
+
+class RoleSet:
+    def __init__(self, net, cfg: dict, mode_dir: Path):
+        self.net, self.cfg, self.dir = net, cfg, mode_dir
+        self.logs = mode_dir / "roles"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.config_path = mode_dir / "cluster.json"
+        self.config_path.write_text(json.dumps(cfg, indent=1))
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.client: subprocess.Popen | None = None
+        self.t0 = 0.0
+        self.requests_path = mode_dir / "requests.jsonl"
+
+    def _host_of(self, inst: dict) -> str:
+        return next(h.name for h in self.net.plan.topology.hosts if h.ip == inst["host"])
+
+    def _start(self, inst: dict, extra: list[str]) -> subprocess.Popen:
+        log = (self.logs / f"{inst['name']}.log").open("w")
+        argv = [sys.executable, "-m", "testbed.pdd.node", str(self.config_path), inst["name"],
+                "--log-level", "INFO"] + extra
+        proc = self.net.popen(self._host_of(inst), argv, what=f"{inst['role']} {inst['name']}",
+                              stdout=subprocess.PIPE, stderr=log)
+        log.close()
+        return proc
+
+    def start_servers(self) -> None:
+        for role in _START_ORDER:
+            started = [(i["name"], self._start(i, [])) for i in self.cfg["instances"]
+                       if i["role"] == role]
+            for name, proc in started:
+                _wait_ready(proc, name, self.logs / f"{name}.log")
+                self.procs[name] = proc
+
+    def start_client(self, workload_path: Path) -> None:
+        inst = next(i for i in self.cfg["instances"] if i["role"] == "client")
+        self.client = self._start(inst, ["--workload", str(workload_path),
+                                         "--out", str(self.requests_path)])
+        _wait_ready(self.client, inst["name"], self.logs / f"{inst['name']}.log")
+        self.t0 = time.monotonic()
+
+    # -- the runner's view ---------------------------------------------
+    def client_done(self) -> bool:
+        return self.client is not None and self.client.poll() is not None
+
+    def client_exit(self) -> int | None:
+        return None if self.client is None else self.client.poll()
+
+    def requests_done(self) -> int:
+        try:
+            with self.requests_path.open() as fh:
+                return sum(1 for _ in fh)
+        except OSError:
+            return 0
+
+    def kill(self, role: str, instance: str | None) -> None:
+        names = [i["name"] for i in self.cfg["instances"] if i["role"] == role
+                 and (instance is None or i["name"] == instance)]
+        if not names:
+            raise EmulationError(f"kill: no {role} instance {instance or ''} in this mode")
+        name = names[0]
+        proc = self.procs.get(name)
+        if proc is None or proc.poll() is not None:
+            self.net.events.record("process_kill", role=role, name=name, already_dead=True)
+            return
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=5)
+        self.net.events.record("process_kill", role=role, name=name, pid=proc.pid)
+
+    def stop(self) -> None:
+        for proc in ([self.client] if self.client else []) + list(self.procs.values())[::-1]:
+            if proc.poll() is None:
+                stop_process(proc.pid, None, timeout_s=5.0)
+
+
+def _wait_ready(proc: subprocess.Popen, name: str, log: Path) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        r, _, _ = select.select([proc.stdout], [], [], 0.2)
+        if r and proc.stdout.readline().decode().strip() == "ready":
+            return
+        if proc.poll() is not None:
+            tail = log.read_text()[-1500:] if log.exists() else ""
+            raise EmulationError(f"role {name} exited with {proc.returncode} before ready:\n{tail}")
+    raise EmulationError(f"role {name} not ready after {READY_TIMEOUT_S} s (log {log})")
+
+
+def start_roles(net, sc, mode_run, workload, mode_dir: Path) -> RoleSet:
+    """Start every role of ``mode_run`` in its host, then the client (t0 = its start)."""
+    roles = RoleSet(net, cluster_dict(net, mode_run, {}), mode_dir)
+    try:
+        wl = mode_dir / "workload.jsonl"
+        write_workload(wl, workload)
+        roles.start_servers()
+        roles.start_client(wl)
+    except BaseException:
+        roles.stop()
+        raise
+    return roles

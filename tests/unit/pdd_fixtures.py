@@ -1,0 +1,98 @@
+"""Shared set-up of the PDD role tests: a small cluster config, a workload, a fake-WAN run.
+
+Sizes keep a whole cluster run near one second on two cores: tiny model
+(d_model 64, 2 layers, float64), prompts of 20-150 tokens, 30-100 output
+tokens, modeled compute at half speed (time_scale 0.5: a GPU_A decode step
+is ~9 ms), KV at 50 KB/token / k=10 = 5 KB/token on the wire, and a WAN of
+50 ms one way, +-5 ms jitter, 10 MB/s (80 Mbit/s emulated, 0.8 Gbit/s
+nominal). A 128-token prompt's KV (640 KB) then takes ~65 ms to serialise
+plus ~150 ms of latency (REQUEST, KV_NEED, chunks) to reach MD. Prompts are
+short so that real compute on the shared event loop stays small next to
+the modeled times.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+from testbed.pdd.client_record import ClientRequest
+from testbed.pdd.cluster import start_cluster
+from testbed.pdd.config import ClusterConfig, parse_config
+from testbed.pdd.fake_wan import LinkShape, wan_network
+
+WAN = LinkShape(delay_s=0.05, jitter_s=0.005, rate_bytes_s=10e6)
+
+
+def small_config(mode: str = "pdd", handoff_mode: str = "catch-up", **sections) -> ClusterConfig:
+    obj = {
+        "mode": mode,
+        "model": {"d_model": 64, "n_layer": 2, "n_head": 2},
+        "timing": {"time_scale": 0.5, "kv_scale_k": 10, "connect_timeout_s": 2.0},
+        "relay": {"handoff_mode": handoff_mode, "catchup_threshold": 16},
+        # 128 missing tokens: 64 ms + RTT 100 ms >= 130 ms -> relay; 10 or 20 missing -> p-md
+        "router": {"relay_threshold_s": 0.13, "wan_prior_gbit": 0.8, "wan_rtt_s": 0.1,
+                   "anomalous_min_input_tokens": 140},
+        "client": {"request_timeout_s": 20.0, "report_grace_s": 1.0},
+        "instances": [
+            {"name": "p0", "role": "prefill", "host": "p0", "port": 7001, "dc": "A"},
+            {"name": "rld0", "role": "relay_decode", "host": "rld0", "port": 7002, "dc": "A"},
+            {"name": "md0", "role": "main_decode", "host": "md0", "port": 7003, "dc": "B"},
+            {"name": "router", "role": "router", "host": "router", "port": 7000, "dc": "A"},
+            {"name": "client", "role": "client", "host": "client", "dc": "A"},
+        ],
+    }
+    for key, value in sections.items():
+        obj[key] = {**obj.get(key, {}), **value}
+    return parse_config(obj, "<test>")
+
+
+def workload(seed: int = 1) -> list[ClientRequest]:
+    """Five requests covering every pipeline of ``pdd`` mode (see EXPECTED)."""
+    rng = random.Random(seed)
+
+    def fresh(n: int) -> tuple[int, ...]:
+        return tuple(rng.randrange(512) for _ in range(n))
+
+    base = fresh(128)
+    return [
+        ClientRequest(0, 0.00, base, 100, "s1"),  # low hit: relay
+        ClientRequest(1, 0.05, fresh(110), 100, "s2"),  # low hit: relay
+        ClientRequest(2, 0.70, base + fresh(10), 60, "s1"),  # next turn: 93% hit at P and MD
+        ClientRequest(3, 0.10, fresh(150), 40, "s3"),  # long input, short output: anomalous
+        ClientRequest(4, 0.20, fresh(20), 30, "s4"),  # short: p-md
+    ]
+
+
+EXPECTED = {  # pipeline of each workload() request per mode
+    "pdd": ["p-rld-md", "p-rld-md", "p-md", "rld-only", "p-md"],
+    "cross-dc-pd": ["p-md"] * 5,
+    "same-dc-pd": ["rld-only"] * 5,
+    "p-rld": ["rld-only", "rld-only", "p-md", "rld-only", "p-md"],
+}
+
+
+async def run_on_fake_wan(cfg: ClusterConfig, requests, events=(), wan: LinkShape = WAN):
+    """Run ``requests`` on a fake two-DC network; ``events`` are (at_s, async fn(handles))."""
+    net = wan_network(cfg, wan, seed=7)
+    handles = await start_cluster(cfg, lambda inst: net.host(inst.host))
+
+    async def fire(at_s, action):
+        await asyncio.sleep(at_s)
+        await action(handles)
+
+    try:
+        tasks = [asyncio.ensure_future(fire(at, fn)) for at, fn in events]
+        records = await handles.run_client(requests)
+        await asyncio.gather(*tasks)
+        return records, handles
+    finally:
+        await handles.stop()
+
+
+def run(coro, timeout_s: float = 60.0):
+    return asyncio.run(asyncio.wait_for(coro, timeout_s))
+
+
+def producers(record) -> list[str]:
+    return [t[3] for t in record["tokens"]]

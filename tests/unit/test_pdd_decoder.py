@@ -1,0 +1,72 @@
+"""The continuous-batching decode loop (testbed.pdd.decoder) and its pacing."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from testbed.pdd.costmodel import GPU_A, CostModel
+from testbed.pdd.decoder import DecodeLoop, Seq, warm_model
+from testbed.pdd.model import ModelConfig, argmax
+from testbed.pdd.pacing import AsyncPacer
+
+CFG = ModelConfig(d_model=64, n_layer=2, n_head=2)
+
+
+def _seq(model, rid, prompt, max_out):
+    logits, cache = model.prefill(prompt)
+    return Seq(rid, cache, argmax(logits), 1, max_out)
+
+
+def test_batched_steps_and_a_joined_extend_give_greedy_tokens_at_modeled_pace():
+    model = warm_model(CFG)
+    prompts = {1: list(range(1, 40)), 2: list(range(100, 130))}
+    got: dict[int, list[int]] = {1: [], 2: []}
+
+    async def sink(emitted):
+        for e in emitted:
+            assert e.position == len(got[e.seq.rid]) + 1
+            got[e.seq.rid].append(e.token_id)
+
+    async def main():
+        cost = CostModel(GPU_A)
+        loop = DecodeLoop(model, cost, AsyncPacer(time_scale=0.5), sink)
+        loop.start()
+        seqs = {rid: _seq(model, rid, p, 12) for rid, p in prompts.items()}
+        t0 = time.monotonic()
+        for s in seqs.values():
+            loop.join(s)
+        _, other = model.prefill([7] * 20)
+        predicted = await loop.extend(other, (1, 2, 3))  # joins a step of the batch
+        while loop.active:
+            await asyncio.sleep(0.005)
+        elapsed = time.monotonic() - t0
+        await loop.stop()
+        return predicted, elapsed, loop.n_steps, cost.decode_step_s(2, 80) * 0.5
+
+    predicted, elapsed, n_steps, step_s = asyncio.run(main())
+    for rid, prompt in prompts.items():
+        assert got[rid] == model.greedy_generate(prompt, 12)[1:]
+    assert predicted == argmax(model.prefill([7] * 20 + [1, 2, 3])[0])
+    assert n_steps == 11  # positions 1..11, the extend rode along in the first step
+    assert elapsed >= 0.9 * n_steps * step_s  # every step padded to its modeled time
+
+
+def test_a_sequence_that_leaves_during_a_step_emits_nothing_more():
+    model = warm_model(CFG)
+    emitted, loops = [], []
+
+    async def sink(batch):
+        emitted.extend(batch)
+        loops[0].leave(1)  # e.g. RLD sent its final HANDOFF
+
+    async def main():
+        loop = DecodeLoop(model, CostModel(GPU_A), AsyncPacer(time_scale=0.2), sink)
+        loops.append(loop)
+        loop.start()
+        loop.join(_seq(model, 1, [5] * 10, 50))
+        await asyncio.sleep(0.1)
+        await loop.stop()
+
+    asyncio.run(main())
+    assert [e.position for e in emitted] == [1]

@@ -1,0 +1,80 @@
+"""Failure semantics of docs/pdd-roles.md over the fake WAN: a role dies mid-request.
+
+Every request must end ``completed`` or ``failed`` with a reason; a relayed
+request survives the loss of MD before the final handoff (RLD finishes it)
+and the loss of RLD (MD continues from the token ids RLD had emitted).
+"""
+
+from __future__ import annotations
+
+import random
+
+from pdd_fixtures import LinkShape, producers, run, run_on_fake_wan, small_config
+
+from testbed.pdd.client_record import ClientRequest
+from testbed.pdd.verify import verify_records
+
+rng = random.Random(5)
+RELAYED = ClientRequest(0, 0.0, tuple(rng.randrange(512) for _ in range(128)), 100, "a")
+P_MD = ClientRequest(1, 0.0, tuple(rng.randrange(512) for _ in range(20)), 30, "b")
+ANOMALOUS = ClientRequest(2, 0.0, tuple(rng.randrange(512) for _ in range(150)), 200, "c")
+
+
+def kill(name):
+    async def action(handles):
+        await handles.kill(name)
+    return action
+
+
+def assert_all_terminal_with_reasons(records):
+    for r in records:
+        assert r["status"] in ("completed", "failed")
+        assert (r["status"] == "failed") == (r["reason"] is not None), r
+
+
+def test_md_lost_before_the_final_handoff_rld_finishes_the_request():
+    cfg = small_config("pdd", "catch-up")
+    # MD dies at 0.12 s: the relayed request's KV is still crossing the WAN
+    records, _ = run(run_on_fake_wan(cfg, [RELAYED, P_MD], [(0.12, kill("md0"))]))
+    assert_all_terminal_with_reasons(records)
+    relayed, p_md = records
+    assert relayed["status"] == "completed" and relayed["pipeline"] == "p-rld-md->rld"
+    assert set(producers(relayed)) == {"RLD"} and len(relayed["tokens"]) == 100
+    assert verify_records([relayed], cfg.model)[0].match
+    assert p_md["status"] == "failed" and "MAIN_DECODE" in p_md["reason"]
+
+
+def test_rld_lost_md_continues_from_the_token_ids_rld_had_emitted():
+    cfg = small_config("pdd", "one-shot")
+    # RLD dies at 0.12 s: it has streamed ~10 eager tokens, MD has no KV yet
+    records, _ = run(run_on_fake_wan(cfg, [RELAYED, ANOMALOUS], [(0.12, kill("rld0"))]))
+    assert_all_terminal_with_reasons(records)
+    relayed, anomalous = records
+    assert relayed["status"] == "completed", relayed["reason"]
+    who = producers(relayed)
+    m = who.count("RLD")
+    assert m > 0 and who == ["RLD"] * m + ["MD"] * (100 - m)
+    assert verify_records([relayed], cfg.model)[0].match
+    assert anomalous["pipeline"] == "rld-only"
+    assert anomalous["status"] == "failed" and "RELAY_DECODE" in anomalous["reason"]
+
+
+def test_requests_that_cannot_finish_in_time_fail_with_a_timeout():
+    cfg = small_config("cross-dc-pd", client={"request_timeout_s": 0.3, "report_grace_s": 0.2})
+    slow_wan = LinkShape(delay_s=0.4)
+    records, handles = run(run_on_fake_wan(cfg, [RELAYED, P_MD], wan=slow_wan))
+    assert [r["status"] for r in records] == ["failed", "failed"]
+    assert all(r["reason"].startswith("timeout") for r in records)
+
+
+def test_rejected_and_rld_finished_requests_end_cleanly():
+    cfg = small_config("pdd")
+    too_long = ClientRequest(5, 0.0, (1,) * 4000, 200, "x")  # 4200 > max_context 4096
+    short_relayed = ClientRequest(6, 0.0, RELAYED.prompt, 8, "y")  # done before MD has the KV
+    records, _ = run(run_on_fake_wan(cfg, [too_long, P_MD, short_relayed]))
+    assert records[0]["status"] == "failed" and "rejected" in records[0]["reason"]
+    assert records[1]["status"] == "completed"
+    short = records[2]
+    assert short["status"] == "completed" and short["pipeline"] == "p-rld-md"
+    assert producers(short) == ["RLD"] * 8 and short["handoff"]["batches"] == 0
+    assert short["reports"]["MD"]["cancelled"] is True  # the router told MD to drop it

@@ -1,0 +1,60 @@
+"""Each role as its own OS process on loopback TCP (``python -m testbed.pdd.node``).
+
+One cluster for the module: a malformed frame sent to a role closes that
+connection only, and a small ``pdd`` workload then completes with exact
+tokens; SIGTERM stops every role cleanly (exit 0).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import socket
+
+import pytest
+from pdd_fixtures import small_config
+
+from testbed.pdd.procs import RoleProcesses, loopback_config
+from testbed.pdd.verify import verify_records
+
+
+@pytest.fixture(scope="module")
+def procs(tmp_path_factory):
+    # relay_threshold 0: every non-anomalous request is relayed (p-rld-md)
+    cfg = loopback_config(small_config("pdd", "catch-up", router={"relay_threshold_s": 0.0},
+                                       timing={"connect_timeout_s": 20.0}))
+    with RoleProcesses(cfg, tmp_path_factory.mktemp("pdd-procs")) as procs:
+        procs.start()
+        yield procs
+
+
+def _send_garbage(host: str, port: int) -> bytes:
+    with socket.create_connection((host, port), timeout=10) as s:
+        s.sendall(b"GET / HTTP/1.0\r\n\r\n" + bytes(64))
+        s.settimeout(10)
+        return s.recv(100)  # b"" once the role closed this connection
+
+
+@pytest.mark.parametrize("name", ["p0", "router"])
+def test_a_malformed_frame_closes_only_that_connection(procs, name):
+    inst = procs.cfg.instance(name)
+    assert _send_garbage(inst.host, inst.port) == b""
+    assert procs.procs[name].poll() is None  # the role is still running
+    assert "protocol error" in (procs.run_dir / f"{name}.log").read_text()
+
+
+def test_a_workload_over_tcp_processes_completes_with_exact_tokens(procs):
+    rng = random.Random(11)
+    requests = [{"id": i, "arrival_s": 0.05 * i, "max_out": 40, "session": i,
+                 "prompt": [rng.randrange(512) for _ in range(64 + 32 * i)]} for i in range(3)]
+    workload, out = procs.run_dir / "workload.jsonl", procs.run_dir / "requests.jsonl"
+    workload.write_text("".join(json.dumps(r) + "\n" for r in requests))
+    assert procs.run_client("client", workload, out).returncode == 0
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["status"] for r in records] == ["completed"] * 3, [r["reason"] for r in records]
+    assert all(r["pipeline"] == "p-rld-md" for r in records)
+    assert all(v.match for v in verify_records(records, procs.cfg.model))
+
+
+def test_sigterm_stops_every_role_cleanly(procs):
+    assert procs.stop() == {"p0": 0, "rld0": 0, "md0": 0, "router": 0}
