@@ -143,7 +143,11 @@ def test_shipped_scenarios_are_valid():
     from testbed.spec.scenario import load_scenario
 
     files = sorted((ROOT / "scenarios").glob("*.yaml"))
-    for f in files:
+    names = {f.stem for f in files}
+    assert {"quickstart", "pdd-vs-baseline", "congestion", "fluctuation", "link-flap", "loss",
+            "handoff-modes", "odd-traffic", "rld-overload", "bathtub-sweep",
+            "mooncake-trace"} <= names
+    for f in files + sorted((ROOT / "tests" / "e2e").glob("*.yaml")):
         sc = load_scenario(f)
         assert sc.expectations, f"{f.name} states no expectation"
 
