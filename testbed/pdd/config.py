@@ -35,26 +35,7 @@ from testbed.errors import SpecError
 from testbed.pdd.costmodel import BIG_MODEL, GPU_A, GPU_B, CostModel, ModelProfile
 from testbed.pdd.model import ModelConfig
 from testbed.pdd.wire import Role
-
-
-class Mode(enum.Enum):
-    """What the router may choose (docs/pdd-roles.md, Pipelines)."""
-
-    PDD = "pdd"  # p-md or p-rld-md by expected WAN time; anomalous filter -> rld-only
-    CROSS_DC_PD = "cross-dc-pd"  # baseline: every request p-md over the WAN
-    SAME_DC_PD = "same-dc-pd"  # baseline: every request rld-only (RLD as a same-DC decoder)
-    P_RLD = "p-rld"  # excluded design: low-hit requests rld-only, the rest p-md
-
-
-class Pipeline(enum.Enum):
-    P_MD = "p-md"
-    P_RLD_MD = "p-rld-md"
-    RLD_ONLY = "rld-only"
-
-
-class HandoffMode(enum.Enum):
-    ONE_SHOT = "one-shot"
-    CATCH_UP = "catch-up"
+from testbed.types import HandoffMode, Mode, Pipeline
 
 
 def _f(default: Any, help: str, **kw: Any) -> Any:
@@ -83,6 +64,9 @@ class TimingConfig:
                            "step, extend); < 1 runs faster than the modeled hardware", lo=1e-6)
     kv_scale_k: float = _f(10.0, "bandwidth scale k: KV payloads are modeled bytes / k", lo=1.0)
     kv_bytes_per_token: int = _f(BIG_MODEL.kv_bytes_per_token, "modeled KV bytes per token", lo=1)
+    token_scale: int = _f(1, "modeled prompt tokens per real (tiny-model) token: KV bytes and "
+                          "compute contexts are token_scale x the tiny model's; output tokens "
+                          "are 1:1", lo=1)
     n_chips: int = _f(4, "chips per P / RLD / MD instance", lo=1)
     connect_timeout_s: float = _f(10.0, "how long a role retries connecting to a peer", lo=0.0)
 
@@ -90,11 +74,12 @@ class TimingConfig:
         """GPU_A for P and RLD, GPU_B for MD."""
         chip = GPU_B if role == Role.MAIN_DECODE else GPU_A
         profile = ModelProfile(kv_bytes_per_token=self.kv_bytes_per_token)
-        return CostModel(chip, profile, self.n_chips)
+        return CostModel(chip, profile, self.n_chips, self.token_scale)
 
     def modeled_kv_bytes(self, n_tokens: int) -> int:
-        """Bytes that n tokens of KV take on the wire: ``n * kv_bytes_per_token / k``."""
-        return int(n_tokens * self.kv_bytes_per_token / self.kv_scale_k)
+        """Bytes that n (real) tokens of KV take on the wire:
+        ``n * token_scale * kv_bytes_per_token / k``."""
+        return int(n_tokens * self.token_scale * self.kv_bytes_per_token / self.kv_scale_k)
 
 
 @dataclass(frozen=True)
@@ -123,7 +108,8 @@ class RouterConfig:
     relay_threshold_s: float = _f(0.5, "pdd: p-rld-md when expected WAN KV time >= this", lo=0.0)
     rld_max_active: int = _f(64, "pdd: p-md when RLD already holds this many requests", lo=0)
     anomalous_filter: bool = _f(True, "long input + short output -> rld-only (no WAN)")
-    anomalous_min_input_tokens: int = _f(32768, "anomalous filter: prompt length >=", lo=1)
+    anomalous_min_input_tokens: int = _f(32768, "anomalous filter: modeled prompt length "
+                                         "(tokens x token_scale) >=", lo=1)
     anomalous_max_output_tokens: int = _f(500, "anomalous filter: max output <", lo=1)
     wan_prior_gbit: float = _f(10.0, "WAN estimate before MD's first report, nominal Gbit/s",
                                lo=1e-9)

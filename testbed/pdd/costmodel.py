@@ -82,10 +82,13 @@ class CostModel:
     chip: ChipProfile
     model: ModelProfile = BIG_MODEL
     n_chips: int = 4
+    token_scale: int = 1  # modeled prompt/context tokens per real (tiny-model) token
 
     def __post_init__(self) -> None:
         if self.n_chips < 1:
             raise ValueError(f"n_chips must be >= 1, got {self.n_chips}")
+        if self.token_scale < 1:
+            raise ValueError(f"token_scale must be >= 1, got {self.token_scale}")
 
     def _roofline_s(self, n_tokens: int, attn_pairs: float, kv_read_tokens: float) -> float:
         """One pass computing n_tokens, with attn_pairs (query, key) pairs, reading that much KV."""
@@ -106,6 +109,7 @@ class CostModel:
         for n_new, n_ctx in segments:
             if n_new < 0 or n_ctx < 0:
                 raise ValueError(f"negative segment ({n_new}, {n_ctx})")
+            n_ctx *= self.token_scale  # contexts are modeled; new decode/extend tokens are 1:1
             n_tokens += n_new
             pairs += n_new * n_ctx + n_new * (n_new + 1) // 2  # causal over the new tokens
             kv_read += n_ctx if n_new else 0
@@ -114,8 +118,11 @@ class CostModel:
         return self._roofline_s(n_tokens, pairs, kv_read)
 
     def prefill_s(self, n_new: int, n_cached: int = 0) -> float:
-        """Prefill n_new tokens after n_cached prefix-cached ones: ``prefill_s(6554, 58982)``."""
-        return self.pass_s([(n_new, n_cached)])
+        """Prefill n_new tokens after n_cached prefix-cached ones: ``prefill_s(6554, 58982)``.
+
+        Both counts are prompt tokens, so both are scaled by ``token_scale``.
+        """
+        return self.pass_s([(n_new * self.token_scale, n_cached)])
 
     def decode_step_s(self, batch: int, total_context: int) -> float:
         """One decode step of ``batch`` requests whose cached contexts sum to ``total_context``.
@@ -127,6 +134,7 @@ class CostModel:
             raise ValueError(f"negative batch {batch} or context {total_context}")
         if batch == 0:
             return 0.0
+        total_context *= self.token_scale
         return self._roofline_s(batch, total_context + batch, total_context)
 
     def extend_s(self, n_tokens: int, n_context: int) -> float:

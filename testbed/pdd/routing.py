@@ -10,7 +10,8 @@ Rule, per mode:
 
 - ``cross-dc-pd``: always ``p-md``; ``same-dc-pd``: always ``rld-only``.
 - ``pdd`` and ``p-rld``: the anomalous filter first (when on): prompt >=
-  ``anomalous_min_input_tokens`` and max output < ``anomalous_max_output_tokens``
+  ``anomalous_min_input_tokens`` (modeled: prompt x token_scale) and max output <
+  ``anomalous_max_output_tokens``
   -> ``rld-only``. Then expected WAN time = missing KV bytes (nominal,
   ``(prompt - P hit) * kv_bytes_per_token``) / WAN estimate + ``wan_rtt_s``;
   below ``relay_threshold_s`` -> ``p-md``. Otherwise ``pdd`` picks
@@ -55,7 +56,7 @@ class RouteDecision:
 def expected_wan_s(missing_tokens: int, timing: TimingConfig, wan_gbit: float,
                    rtt_s: float) -> float:
     """Nominal missing KV bytes over the WAN estimate, plus one RTT."""
-    nominal_bytes = missing_tokens * timing.kv_bytes_per_token
+    nominal_bytes = missing_tokens * timing.token_scale * timing.kv_bytes_per_token
     return nominal_bytes * 8 / (wan_gbit * 1e9) + rtt_s
 
 
@@ -66,7 +67,8 @@ def choose_pipeline(mode: Mode, cfg: RouterConfig, timing: TimingConfig, inp: Ro
         return RouteDecision(Pipeline.P_MD, "baseline: all p-md", None)
     if mode == Mode.SAME_DC_PD:
         return RouteDecision(Pipeline.RLD_ONLY, "baseline: all same-DC", None)
-    if (cfg.anomalous_filter and inp.prompt_len >= cfg.anomalous_min_input_tokens
+    if (cfg.anomalous_filter and inp.prompt_len * timing.token_scale
+            >= cfg.anomalous_min_input_tokens
             and inp.max_out < cfg.anomalous_max_output_tokens):
         return RouteDecision(Pipeline.RLD_ONLY, "anomalous: long input, short output", None)
     missing = max(0, inp.prompt_len - inp.hit_tokens)

@@ -52,7 +52,7 @@ def cluster_dict(net, mode_run, settings) -> dict:
         "mode": mode_run.mode.value,
         "timing": {"time_scale": pdd.time_scale, "kv_scale_k": net.plan.scale,
                    "kv_bytes_per_token": pdd.kv_bytes_per_token, "token_scale": ts},
-        "relay": {"handoff_mode": pdd.handoff_mode.value.replace("_", "-"),
+        "relay": {"handoff_mode": pdd.handoff_mode.value,
                   "catchup_threshold": pdd.catchup_threshold_tokens},
         "router": {"relay_threshold_s": pdd.relay_threshold_s,
                    "anomalous_filter": pdd.anomalous_filter,

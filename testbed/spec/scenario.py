@@ -14,7 +14,6 @@ Example::
 
 from __future__ import annotations
 
-import enum
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,18 +23,7 @@ from testbed.spec.faults import FaultSpec, parse_faults
 from testbed.spec.link import parse_link
 from testbed.spec.reader import Fields, load_yaml
 from testbed.spec.topology import Topology, load_topology
-
-
-class Mode(enum.Enum):
-    PDD = "pdd"
-    CROSS_DC_PD = "cross-dc-pd"
-    SAME_DC_PD = "same-dc-pd"
-    P_RLD = "p-rld"
-
-
-class HandoffMode(enum.Enum):
-    ONE_SHOT = "one_shot"
-    CATCH_UP = "catch_up"
+from testbed.types import HandoffMode, Mode
 
 
 # The summary.json metrics an expectation may bound (docs/run-directory.md).

@@ -56,7 +56,7 @@ def test_valid_scenario():
 def test_mode_variants_override_settings_and_workload():
     data = changed("modes", [
         "cross-dc-pd",
-        {"name": "pdd-oneshot", "mode": "pdd", "pdd": {"handoff_mode": "one_shot"}},
+        {"name": "pdd-oneshot", "mode": "pdd", "pdd": {"handoff_mode": "one-shot"}},
         {"name": "pdd-h50", "mode": "pdd", "workload": {"hit_rate": {"mean_pct": 50}}}])
     data["expectations"] = [{"name": "x", "mode": "pdd-oneshot", "metric": "tokens_lost",
                              "op": "==", "value": 0}]
@@ -113,7 +113,7 @@ def test_wan_override_changes_both_directions():
      "exactly one of steps, ramp, trace"),
     ("faults.0", {"at_s": 1, "kind": "loss", "pct": 1, "colour": 3}, "faults[0].colour",
      "a known field"),
-    ("pdd", {"handoff_mode": "twice"}, "pdd.handoff_mode", "one of one_shot"),
+    ("pdd", {"handoff_mode": "twice"}, "pdd.handoff_mode", "one of one-shot"),
     ("sla", {"ttft_s": 0}, "sla.ttft_s", "> 0"),
     ("workload", {"kind": "synthetic"}, "workload", ""),
 ])
