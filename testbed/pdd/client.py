@@ -38,8 +38,11 @@ __all__ = ["Client", "ClientRequest", "load_requests", "write_records", "from_wo
 class Client:
     """Replays requests against the cluster's router (see the module docstring)."""
 
-    def __init__(self, cfg: ClusterConfig, transport: Transport, name: str = "client"):
+    def __init__(self, cfg: ClusterConfig, transport: Transport, name: str = "client",
+                 on_end=None):
+        """``on_end(request_id)`` is called once per request when it ends (progress)."""
         self.cfg, self.transport, self.name = cfg, transport, name
+        self.on_end = on_end
         self.traces: dict[int, RequestTrace] = {}  # by wire request id (1..)
         self._conn: Connection | None = None
         self._changed = asyncio.Event()
@@ -89,6 +92,8 @@ class Client:
                 await self._conn.send(Frame(rid, Cancel()))
             except ConnectionClosed:
                 pass
+        if self.on_end is not None:
+            self.on_end(req.id)
 
     async def _until(self, cond) -> None:
         while not cond():
@@ -129,14 +134,15 @@ class Client:
 def from_workload(requests: Iterable) -> list[ClientRequest]:
     """ClientRequests from ``testbed.workload`` Requests (id, arrival_s, prompt, output_len,
     session): ``from_workload(load_workload(path).requests)``."""
-    return [ClientRequest(r.id, r.arrival_s, tuple(r.prompt), r.output_len, r.session)
-            for r in requests]
+    return [ClientRequest(r.id, r.arrival_s, tuple(r.prompt), r.output_len, r.session,
+                          r.designed_hit_rate) for r in requests]
 
 
 def load_requests(path: str | Path) -> list[ClientRequest]:
-    """Read a JSONL workload: one {"id", "arrival_s", "prompt", "max_out", "session"} per line."""
+    """Read a JSONL workload: one {"id", "arrival_s", "prompt", "max_out", "session",
+    "designed_hit_rate"} per line (the last two optional)."""
     out = []
-    keys = {"id", "arrival_s", "prompt", "max_out", "session"}
+    keys = {"id", "arrival_s", "prompt", "max_out", "session", "designed_hit_rate"}
     for n, line in enumerate(Path(path).read_text().splitlines(), 1):
         if not line.strip():
             continue
@@ -145,7 +151,8 @@ def load_requests(path: str | Path) -> list[ClientRequest]:
                                                                       "max_out"} <= set(obj):
             raise SpecError(str(path), f"line {n}", f"an object with keys {sorted(keys)}", obj)
         out.append(ClientRequest(obj["id"], float(obj.get("arrival_s", 0.0)),
-                                 tuple(obj["prompt"]), obj["max_out"], obj.get("session", 0)))
+                                 tuple(obj["prompt"]), obj["max_out"], obj.get("session", 0),
+                                 obj.get("designed_hit_rate")))
     return out
 
 

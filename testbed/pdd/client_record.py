@@ -38,6 +38,7 @@ class ClientRequest:
     prompt: tuple[int, ...]
     max_out: int
     session: int | str = 0
+    designed_hit_rate: float | None = None  # the workload's, for the report
 
 
 @dataclass(eq=False)
@@ -124,6 +125,7 @@ class RequestTrace:
         first = self.tokens.get(0)
         return {
             "id": self.req.id, "session": self.req.session, "mode": mode,
+            "arrival_s": self.req.arrival_s, "designed_hit_rate": self.req.designed_hit_rate,
             "pipeline": self.pipeline(), "prompt_len": len(self.req.prompt),
             "max_out": self.req.max_out, "p_hit_rate": p.get("p_hit_rate"),
             "md_hit_rate": md.get("md_hit_rate"), "status": status, "reason": reason,

@@ -47,8 +47,17 @@ async def serve_role(cfg: ClusterConfig, name: str) -> None:
 
 async def run_client(cfg: ClusterConfig, name: str, workload: str, out: str) -> None:
     requests = load_requests(workload)
+    progress = open(out + ".progress", "w")  # one line per ended request, for a live status
+
+    def on_end(request_id) -> None:
+        progress.write(f"{request_id}\n")
+        progress.flush()
+
     print("ready", flush=True)
-    records = await Client(cfg, TcpTransport(), name).run(requests)
+    try:
+        records = await Client(cfg, TcpTransport(), name, on_end).run(requests)
+    finally:
+        progress.close()
     write_records(out, records)
 
 

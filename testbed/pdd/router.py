@@ -229,7 +229,13 @@ class RouterNode(RoleServer):
         r.terminal = True
         if failure is not None:
             await r.client.send(r.client_rid, Error(ErrorCode.UNAVAILABLE, failure))
-        for name in r.names.values():
+        # A relayed request that RLD finished before MD had its KV: let the WAN
+        # transfer complete so MD's DRC still gets the prefix (DRC stays aligned
+        # with P's cache); RLD cancels MD when MD reports KV_READY.
+        keep_wan = failure is None and r.pipeline == Pipeline.P_RLD_MD and not r.md_emitted
+        for role, name in r.names.items():
+            if keep_wan and role in (Role.PREFILL, Role.MAIN_DECODE):
+                continue
             peer = await self.peer_if_live(name)
             if peer is not None:
                 await peer.send(r.rid, Cancel())

@@ -61,9 +61,11 @@ def versions() -> dict:
 
 def write_metadata(out_dir: Path, scenario, backend: str, scale: float, seed: int,
                    workload_stats) -> dict:
+    resolved = plain(scenario)
+    resolved["expectations"] = [e.as_dict() for e in scenario.expectations]  # no null keys
     meta = {
         "scenario": scenario.name, "scenario_file": scenario.file,
-        "resolved": plain(scenario), "topology": plain(scenario.topology),
+        "resolved": resolved, "topology": plain(scenario.topology),
         "backend": backend, "scale": scale, "seed": seed,
         "modes": [m.value for m in scenario.modes],
         "workload_stats": plain(workload_stats),

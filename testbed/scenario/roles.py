@@ -56,6 +56,8 @@ def cluster_dict(net, mode_run, settings) -> dict:
                   "catchup_threshold": pdd.catchup_threshold_tokens},
         "router": {"relay_threshold_s": pdd.relay_threshold_s,
                    "anomalous_filter": pdd.anomalous_filter,
+                   "anomalous_min_input_tokens": pdd.anomalous_min_input_tokens,
+                   "anomalous_max_output_tokens": pdd.anomalous_max_output_tokens,
                    "wan_prior_gbit": topo.wan.a_to_b.rate_gbit,
                    "wan_rtt_s": topo.wan.rtt_ms / 1000.0},
         "client": {"request_timeout_s": pdd.request_timeout_s},
@@ -118,8 +120,9 @@ class RoleSet:
         return None if self.client is None else self.client.poll()
 
     def requests_done(self) -> int:
+        """Requests ended so far (the client's progress file, one line each)."""
         try:
-            with self.requests_path.open() as fh:
+            with self.requests_path.with_name(self.requests_path.name + ".progress").open() as fh:
                 return sum(1 for _ in fh)
         except OSError:
             return 0

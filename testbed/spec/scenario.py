@@ -44,6 +44,8 @@ class PddSettings:
     handoff_mode: HandoffMode = HandoffMode.CATCH_UP
     catchup_threshold_tokens: int = 64
     anomalous_filter: bool = True
+    anomalous_min_input_tokens: int = 65536   # modeled (real x token_scale)
+    anomalous_max_output_tokens: int = 500
     relay_threshold_s: float = 0.5       # expected WAN time above which pdd relays
     time_scale: float = 1.0              # multiplies every modeled compute time
     request_timeout_s: float = 120.0
@@ -115,6 +117,10 @@ def _parse_pdd(f: Fields | None, d: PddSettings = PddSettings()) -> PddSettings:
         catchup_threshold_tokens=f.int("catchup_threshold_tokens", d.catchup_threshold_tokens,
                                        lo=1),
         anomalous_filter=f.bool("anomalous_filter", d.anomalous_filter),
+        anomalous_min_input_tokens=f.int("anomalous_min_input_tokens",
+                                         d.anomalous_min_input_tokens, lo=1),
+        anomalous_max_output_tokens=f.int("anomalous_max_output_tokens",
+                                          d.anomalous_max_output_tokens, lo=1),
         relay_threshold_s=f.num("relay_threshold_s", d.relay_threshold_s, lo=0, unit="s"),
         time_scale=f.num("time_scale", d.time_scale, lo=0, lo_open=True),
         request_timeout_s=f.num("request_timeout_s", d.request_timeout_s, lo=0, lo_open=True,

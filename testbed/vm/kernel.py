@@ -75,7 +75,6 @@ class GuestKernel:
         """.ko files to insmod, dependencies first, for modules ``wanted``
         (built-in ones are skipped)."""
         deps, builtin = self.modules_dep(), self.builtin()
-        by_path = {v[0]: k for k, v in deps.items()}
         order: list[str] = []
 
         def visit(name: str) -> None:
@@ -84,7 +83,7 @@ class GuestKernel:
             if name not in deps:
                 raise VmError(f"kernel {self.version} has no module {name}")
             for dep_path in reversed(deps[name][1:]):  # modules.dep: deepest dep last
-                visit(by_path[dep_path])
+                visit(_canon(Path(dep_path).name.split(".ko")[0]))
             order.append(name)
 
         for name in wanted:

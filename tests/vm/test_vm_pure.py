@@ -1,0 +1,91 @@
+"""The VM harness's pure parts: cpio layout, run.sh, module order, judging."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from testbed.vm.guest import command_script
+from testbed.vm.initramfs import Cpio, init_scripts
+from testbed.vm.kernel import GuestKernel
+from testbed.vm.netem_check import judge
+
+
+def parse_newc(data: bytes) -> list[tuple[str, int, bytes]]:
+    out, at = [], 0
+    while True:
+        assert data[at:at + 6] == b"070701"
+        f = [int(data[at + 6 + 8 * i: at + 14 + 8 * i], 16) for i in range(13)]
+        mode, size, namesize = f[1], f[6], f[11]
+        name = data[at + 110: at + 110 + namesize - 1].decode()
+        at = (at + 110 + namesize + 3) & ~3
+        if name == "TRAILER!!!":
+            return out
+        out.append((name, mode, data[at:at + size]))
+        at = (at + size + 3) & ~3
+
+
+def test_cpio_newc_round_trip():
+    c = Cpio()
+    c.dir("bin")
+    c.file("bin/x", b"hello", 0o755)
+    c.chardev("dev/console", 5, 1)
+    entries = parse_newc(c.finish())
+    assert [(n, oct(m)) for n, m, _ in entries] == [
+        ("bin", "0o40755"), ("bin/x", "0o100755"), ("dev/console", "0o20600")]
+    assert entries[1][2] == b"hello"
+
+
+def test_run_script_forms(tmp_path):
+    assert command_script(["echo", "a b"], tmp_path).splitlines()[1] == "exec echo 'a b'"
+    assert command_script("echo $HOME | wc", tmp_path).splitlines()[1] == "echo $HOME | wc"
+    script = tmp_path / "s.sh"
+    script.write_text("exit 0\n")
+    assert command_script(script, tmp_path).splitlines()[1] == f"exec /bin/sh {script}"
+    assert command_script("x", tmp_path).startswith(f"cd {tmp_path} || exit 126")
+
+
+def _kernel(tmp_path: Path) -> GuestKernel:
+    mods = tmp_path / "lib/modules/6.1.0-1-amd64"
+    mods.mkdir(parents=True)
+    (mods / "modules.dep").write_text(
+        "kernel/fs/9p/9p.ko: kernel/net/9p/9pnet.ko kernel/fs/netfs/netfs.ko\n"
+        "kernel/net/9p/9pnet.ko:\nkernel/fs/netfs/netfs.ko:\n"
+        "kernel/net/9p/9pnet_virtio.ko: kernel/net/9p/9pnet.ko kernel/drivers/virtio/virtio.ko\n")
+    (mods / "modules.builtin").write_text("kernel/drivers/virtio/virtio.ko\n")
+    return GuestKernel("6.1.0-1-amd64", tmp_path, tmp_path / "vmlinux")
+
+
+def test_module_order_dependencies_first_builtins_skipped(tmp_path):
+    order = [p.name for p in _kernel(tmp_path).load_order(("9pnet_virtio", "9p"))]
+    assert order == ["9pnet.ko", "9pnet_virtio.ko", "netfs.ko", "9p.ko"]
+
+
+def test_init_script_loads_the_given_modules(tmp_path):
+    init, stage2 = init_scripts(_kernel(tmp_path).load_order(("9p",)))
+    assert "for ko in netfs.ko 9pnet.ko 9p.ko; do" in init
+    assert "exec switch_root /newroot" in init and "poweroff -f" in stage2
+
+
+def _doc(rtt=41.5, rate=90.0, loss=1.2, after="delay 30ms loss 1% rate 50Mbit"):
+    checks = [{"name": "rtt_ms", "configured": 40.0, "measured": rtt, "unit": "ms"},
+              {"name": "rate_fwd_mbit", "configured": 95.6, "measured": rate, "unit": "Mbit/s"},
+              {"name": "loss_fwd_pct", "configured": 1.0, "measured": loss, "unit": "%"}]
+    return {"probe": {"backend": "netem"}, "backend": "netem", "scale": 100.0,
+            "path_overhead_ms": 1.5, "qdisc_after": after,
+            "phases": [{"phase": "configured", "links": [{"link": "wan", "checks": checks}]}]}
+
+
+@pytest.mark.parametrize("doc, failing", [
+    (_doc(), []),
+    (_doc(rtt=44.6), ["wan rtt_ms"]),            # 44.6 - 1.5 overhead = 43.1 > 43
+    (_doc(rate=85.9), ["wan rate_fwd_mbit"]),    # > 10 % below 95.6
+    (_doc(loss=1.6), ["wan loss_fwd_pct"]),
+    (_doc(after="delay 20ms rate 100Mbit"), ["tc shows new delay, rate"]),
+])
+def test_judge_applies_guest_tolerances(doc, failing):
+    rows = judge(json.loads(json.dumps(doc)))
+    assert [r.name for r in rows if not r.passed] == failing
