@@ -53,15 +53,27 @@ def comparison_plan(run: RunData) -> tuple[list[str], list[tuple[str, str]]]:
 
 
 def tokens_intact(mode: dict) -> bool:
-    return mode["tokens_lost"] == 0 and mode["tokens_duplicated"] == 0
+    return (mode["tokens_lost"] == 0 and mode["tokens_duplicated"] == 0
+            and not mode.get("requests_mismatched"))
+
+
+def verification(run: RunData, mode: str) -> dict:
+    """MODE/verify.json (written by the runner: tokens vs a single-process greedy
+    decode) as metrics: requests_verified, requests_mismatched; {} if absent."""
+    path = run.path / mode / "verify.json"
+    if not path.exists():
+        return {}
+    v = json.loads(path.read_text())
+    return {"requests_verified": v["checked"], "requests_mismatched": len(v["mismatched"])}
 
 
 def summarize(run: RunData) -> dict:
     """The summary.json object of a run (raises ExpectationError for a broken expectation)."""
     sla = Sla.from_resolved(run.resolved)
     modes = {m.name: mode_metrics(m.requests, m.events, sla, run.scale) for m in run.modes}
-    for m in modes.values():  # nominal bytes are counts
+    for name, m in modes.items():  # nominal bytes are counts
         m["wan_bytes"], m["intra_dc_bytes"] = round(m["wan_bytes"]), round(m["intra_dc_bytes"])
+        m.update(verification(run, name))
     results = evaluate(run.resolved.get("expectations") or [], modes)
     metrics, pairs = comparison_plan(run)
     return {

@@ -31,6 +31,9 @@ _ROLES = {TopoRole.PREFILL: "prefill", TopoRole.RELAY_DECODE: "relay_decode",
           TopoRole.MAIN_DECODE: "main_decode", TopoRole.ROUTER: "router",
           TopoRole.CLIENT: "client"}
 _START_ORDER = ("prefill", "relay_decode", "main_decode", "router")
+# The tiny model the roles run in a scenario: small enough that real compute
+# stays below the modeled step times on 2 cores (float64: exact tokens).
+RUN_MODEL = {"n_layer": 2, "n_head": 2, "d_model": 64}
 
 
 def cluster_dict(net, mode_run, settings) -> dict:
@@ -50,6 +53,7 @@ def cluster_dict(net, mode_run, settings) -> dict:
     return {
         "instances": instances,
         "mode": mode_run.mode.value,
+        "model": dict(RUN_MODEL),
         "timing": {"time_scale": pdd.time_scale, "kv_scale_k": net.plan.scale,
                    "kv_bytes_per_token": pdd.kv_bytes_per_token, "token_scale": ts},
         "relay": {"handoff_mode": pdd.handoff_mode.value,

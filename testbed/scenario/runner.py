@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import json
 import sys
 import time
 from dataclasses import dataclass
@@ -122,6 +123,24 @@ def run_mode(sc: Scenario, mode: ModeRun, plan_args: dict, out: Path) -> None:
             if "roles" in locals():
                 roles.stop()
     events.close()
+    verify_mode(mode_dir)
+
+
+def verify_mode(mode_dir: Path) -> dict:
+    """Every request's tokens vs a plain single-process greedy decode of its
+    prompt (after the network is down, so it does not steal the run's CPU)."""
+    from testbed.pdd.config import load_config
+    from testbed.pdd.verify import verify_records
+
+    path = mode_dir / "requests.jsonl"
+    records = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] \
+        if path.exists() else []
+    verdicts = verify_records(records, load_config(mode_dir / "cluster.json").model)
+    out = {"checked": len(verdicts),
+           "mismatched": [v.id for v in verdicts if not v.prefix_ok
+                          or (v.status == "completed" and not v.match)]}
+    (mode_dir / "verify.json").write_text(json.dumps(out))
+    return out
 
 
 def run_scenario(sc: Scenario, opts: RunOptions) -> dict:

@@ -55,7 +55,7 @@ NETEM_VM = VmConfig(cpus=1, kernel_args="clocksource=tsc tsc=reliable")
 def _calibrate_options(loss: bool):
     from testbed.net.calibrate import CalibrateOptions
 
-    return CalibrateOptions(links=("wan",), seconds=4.0, omit_s=2.0, ping_count=50,
+    return CalibrateOptions(links=("wan",), seconds=6.0, omit_s=3.0, ping_count=50,
                             ping_interval_s=0.02, loss=loss, loss_seconds=3.0)
 
 
