@@ -5,7 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
-APT_PACKAGES=(mininet bridge-utils iputils-ping iperf3 iproute2 tcpdump strace kmod procps)
+APT_PACKAGES=(mininet bridge-utils iputils-ping iperf3 iproute2 tcpdump strace kmod procps
+              qemu-system-x86 busybox-static)  # the last two: the netem VM harness (tests/vm)
 if [ "$(id -u)" -ne 0 ]; then
   echo "setup.sh: run as root (sudo ./setup.sh): it installs system packages" >&2
   exit 2

@@ -204,7 +204,9 @@ class EmulatedNetwork:
 
     def _SetSysctls(self, step: P.SetSysctls) -> None:
         args = [f"{k}={v}" for k, v in step.values]
-        r = self.run(step.node, ["sysctl", "-qw"] + args, timeout=10)
+        # -e: keys a kernel keeps only in the initial namespace (net.core.rmem_max
+        # on 6.1) are skipped; the per-namespace tcp_rmem/tcp_wmem still apply.
+        r = self.run(step.node, ["sysctl", "-e", "-qw"] + args, timeout=10)
         if r.returncode != 0:
             raise ApplyError(step, r.stderr.strip() or f"exit {r.returncode}")
 

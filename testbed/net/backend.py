@@ -39,6 +39,9 @@ class Probe:
 
 def _try_qdiscs() -> tuple[bool, bool]:
     from pyroute2 import IPRoute
+    from pyroute2.netlink.exceptions import NetlinkError
+
+    from testbed.net.netem import NetemParams, netem_request, register
 
     child = subprocess.Popen(["unshare", "-n", "sleep", "30"])
     try:
@@ -56,10 +59,12 @@ def _try_qdiscs() -> tuple[bool, bool]:
                        rate="1gbit", burst=1 << 17, cburst=1 << 17)
             except Exception:  # noqa: BLE001 - absence is the answer
                 htb = False
-            try:
+            try:  # with the project's own netem encoder (pyroute2's may be swapped out)
+                register()
                 ipr.tc("add", kind="netem", index=idx, handle="20:",
-                       parent="1:10" if htb else "root", delay=1000)
-            except Exception:  # noqa: BLE001
+                       parent="1:10" if htb else "root",
+                       **netem_request(NetemParams(delay_us=1000)))
+            except NetlinkError:  # no sch_netem: the kernel refuses the kind
                 netem = False
         return htb, netem
     finally:

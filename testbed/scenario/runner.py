@@ -57,9 +57,10 @@ def run_timeline(actions: list[Action], t0: float, until, tick) -> None:
         now = time.monotonic()
         if heap and t0 + heap[0][0] <= now:
             _, _, action = heapq.heappop(heap)
-            for more in action.run() or ():
-                if isinstance(more, Action):
-                    heapq.heappush(heap, (more.at_s, next(seq), more))
+            more = action.run()
+            for follow in more if isinstance(more, (list, tuple)) else ():
+                if isinstance(follow, Action):
+                    heapq.heappush(heap, (follow.at_s, next(seq), follow))
             continue
         if now >= next_tick:
             tick()

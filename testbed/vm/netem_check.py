@@ -6,7 +6,7 @@ the default topology with a 1 % random-loss WAN at scale k (default 100:
 10 Gbit/s nominal -> 100 Mbit/s emulated, what a software-emulated guest
 carries), calibrates the WAN (ping RTT, iperf3 TCP rate both ways, iperf3
 UDP loss both ways), changes the WAN at runtime with
-``testbed.net.runtime.set_link`` (delay 20 -> 30 ms one way, rate 10 -> 5
+``testbed.net.runtime.set_link`` (delay 20 -> 10 ms one way, rate 10 -> 5
 Gbit/s nominal) and calibrates again. The guest writes the raw figures to
 ``guest-figures.json``; the host judges them (``judge``, pure) with the
 guest's tolerances and writes ``netem-check.json``.
@@ -15,6 +15,12 @@ Tolerances (TOLERANCES): RTT +-3 ms - the guest adds a constant ~1-1.7 ms
 per round trip from emulation (its bare veth RTT; measured here as
 ``baseline_rtt_ms`` between a host and its gateway); rate +-10 % of the
 expected TCP goodput (htb rate x 1448/1514); loss +-0.5 points.
+
+What the guest can and cannot show (2 host cores, TCG, one vCPU): RTT,
+loss, the probe and the runtime change are reliably within tolerance; TCP
+goodput ramps up slowly (20-50 Mbit/s in the first 1-2 s at 100 Mbit/s)
+and one of the four rate figures of a run now and then lands 11-16 % low
+even with 3 s left out, so the pytest test is opt-in (-m slow).
 
 Guest side:  python -m testbed.vm.netem_check --out DIR [--scale K]
 Host side::
@@ -39,7 +45,10 @@ TOPOLOGY = PROJECT_ROOT / "topologies" / "two-dc.yaml"
 DEFAULT_SCALE = 100.0
 WAN_LOSS_PCT = 1.0
 OVERHEAD_PROBE_DELAY_MS = 0.5
-RUNTIME_CHANGE = {"delay_ms": 30.0, "rate_gbit": 5.0}  # from 20 ms / 10 Gbit/s
+# From 20 ms / 10 Gbit/s. Shorter, not longer: TCP ramps up slowly in the
+# guest (module docstring), and at 60 ms RTT the 3 s left out of each iperf3
+# run did not cover it (-7 % on average at 50 Mbit/s).
+RUNTIME_CHANGE = {"delay_ms": 10.0, "rate_gbit": 5.0}
 TOLERANCES = {"rtt_ms": ("abs", 3.0), "rate": ("rel", 0.10), "loss": ("abs", 0.5)}
 FIGURES, VERDICT = "guest-figures.json", "netem-check.json"
 # One vCPU: with two, qdisc dequeues run on both (watchdog timer on one,
@@ -87,6 +96,27 @@ def drop_global_sysctls() -> list[str]:
     dropped = [k for k in keys if "/proc/sys/" + k.replace(".", "/") not in present]
     plan.HOST_SYSCTLS = tuple(kv for kv in plan.HOST_SYSCTLS if kv[0] not in dropped)
     return dropped
+
+
+IPERF_UDP_SETUP_LOST = "unable to read from stream socket"
+
+
+def calibrate_retrying(net, opts, doc: dict) -> list:
+    """calibrate(), once more if iperf3's UDP set-up datagram was lost.
+
+    iperf3 3.12 starts a UDP test with one datagram each way and no retry;
+    on a 1 % loss WAN about 2 % of UDP runs fail so (reported; the retry
+    belongs in testbed.net.calibrate.run_iperf)."""
+    from testbed.errors import EmulationError
+    from testbed.net.calibrate import calibrate
+
+    try:
+        return calibrate(net, opts)
+    except EmulationError as e:
+        if IPERF_UDP_SETUP_LOST not in str(e):
+            raise
+        doc.setdefault("retries", []).append(str(e))
+        return calibrate(net, opts)
 
 
 def wan_hosts(topo) -> tuple[str, str]:
@@ -142,7 +172,7 @@ def measure(out: Path, scale: float, seed: int = 1) -> dict:
             "ping", "-q", "-c", "30", "-i", "0.02", gw_ip]).stdout)
         doc["qdisc_before"] = _qdisc_text(net, "wan/a>b")
         t = time.monotonic()
-        results = calibrate(net, _calibrate_options(loss=True))
+        results = calibrate_retrying(net, _calibrate_options(loss=True), doc)
         doc["phases"].append({"phase": "configured", "changes": {},
                               "links": results_json(net, results)["links"]})
         times["calibrate"] = time.monotonic() - t

@@ -34,15 +34,60 @@ def clean_after():
     assert state_files() <= before[1]
 
 
-def test_quickstart_passes(tmp_path, clean_after):
-    out = tmp_path / "run"
+@pytest.fixture(scope="module")
+def quickstart(tmp_path_factory):
+    before = (root_links(), state_files())
+    out = tmp_path_factory.mktemp("quickstart") / "run"
     r = testbed("run", "scenarios/quickstart.yaml", "--out", str(out))
+    assert root_links() <= before[0] and state_files() <= before[1], "the run left things"
+    return r, out
+
+
+def records(out: Path, mode: str) -> list[dict]:
+    return [json.loads(x) for x in (out / mode / "requests.jsonl").read_text().splitlines()]
+
+
+def test_quickstart_passes(quickstart):
+    r, out = quickstart
     summary = json.loads((out / "summary.json").read_text())
     assert r.returncode == 0, r.stdout + r.stderr
     assert summary["passed"] and set(summary["modes"]) == {"pdd", "cross-dc-pd"}
     for mode in summary["modes"].values():
         assert mode["tokens_lost"] == 0 and mode["tokens_duplicated"] == 0
+        assert mode["requests_verified"] == 24 and mode["requests_mismatched"] == 0
     assert (out / "report.md").exists() and list(out.glob("*.png"))
+
+
+def test_relayed_ttft_stays_below_the_wan_kv_transfer(quickstart):
+    """After prefill, a relayed request's first token comes over the intra-DC
+    path: that wait is far below its WAN KV transfer time."""
+    _, out = quickstart
+    relayed = [r for r in records(out, "pdd") if r["pipeline"].startswith("p-rld-md")
+               and (r["reports"].get("MD") or {}).get("kv_transfer_s")]
+    assert relayed, "no relayed request with a measured WAN KV transfer"
+    ratios = []
+    for r in relayed:
+        p = r["reports"]["P"]
+        prefill_s = p["queue_s"] + max(p["prefill_real_s"], p["prefill_modeled_s"])  # scaled
+        ratios.append((r["ttft_s"] - prefill_s) / r["reports"]["MD"]["kv_transfer_s"])
+    ratios.sort()
+    assert ratios[len(ratios) // 2] < 0.5, ratios
+
+
+def test_link_counters_carry_the_kv_and_only_token_ids_for_handoff(quickstart):
+    _, out = quickstart
+    recs = records(out, "pdd")
+    kv_wan = sum(r["bytes"]["kv_wan"] for r in recs)
+    rows = [x.split(",") for x in (out / "pdd" / "links.csv").read_text().splitlines()[1:]]
+    wan_ab = [int(x[3]) for x in rows if x[1] == "wan" and x[2] == "a>b"]
+    carried = wan_ab[-1] - wan_ab[0]
+    assert kv_wan <= carried <= 1.15 * kv_wan + 2_000_000, (kv_wan, carried)
+    handed = [(r["bytes"]["handoff"], r["handoff"]["tokens"]) for r in recs
+              if r["handoff"]["tokens"]]
+    assert handed, "no handoff happened"
+    per_token = sum(b for b, _ in handed) / sum(n for _, n in handed)
+    kv_per_token = 50_000 * 32 / json.loads((out / "metadata.json").read_text())["scale"]
+    assert per_token < 32 and per_token < kv_per_token / 1000, per_token
 
 
 @pytest.mark.parametrize("scenario", ["congestion-short", "link-flap-short"])

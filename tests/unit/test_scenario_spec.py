@@ -152,6 +152,15 @@ def test_shipped_scenarios_are_valid():
         assert sc.expectations, f"{f.name} states no expectation"
 
 
+def test_timeline_ignores_non_action_results_and_runs_follow_ups():
+    ran = []
+    follow = Action(0.02, "follow", lambda: ran.append("follow"))
+    actions = [Action(0.0, "start", lambda: (ran.append("start"), object())[1]),
+               Action(0.01, "chain", lambda: [follow])]
+    run_timeline(actions, time.monotonic(), lambda: len(ran) >= 2, lambda: None)
+    assert ran == ["start", "follow"]
+
+
 def test_timeline_runs_actions_in_time_order_and_stops():
     ran = []
     actions = [Action(0.06, "c", lambda: ran.append("c")), Action(0.0, "a", lambda: ran.append("a")),

@@ -70,7 +70,7 @@ def test_init_script_loads_the_given_modules(tmp_path):
     assert "exec switch_root /newroot" in init and "poweroff -f" in stage2
 
 
-def _doc(rtt=41.5, rate=90.0, loss=1.2, after="delay 30ms loss 1% rate 50Mbit"):
+def _doc(rtt=41.5, rate=90.0, loss=1.2, after="delay 10ms loss 1% rate 50Mbit"):
     checks = [{"name": "rtt_ms", "configured": 40.0, "measured": rtt, "unit": "ms"},
               {"name": "rate_fwd_mbit", "configured": 95.6, "measured": rate, "unit": "Mbit/s"},
               {"name": "loss_fwd_pct", "configured": 1.0, "measured": loss, "unit": "%"}]
