@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [needs_root, pytest.mark.root]
 
 
-def testbed(*args, timeout=600):
+def run_cli(*args, timeout=600):
     return subprocess.run([sys.executable, "-m", "testbed.cli", *args], capture_output=True,
                           text=True, timeout=timeout, cwd=ROOT)
 
@@ -38,7 +38,7 @@ def clean_after():
 def quickstart(tmp_path_factory):
     before = (root_links(), state_files())
     out = tmp_path_factory.mktemp("quickstart") / "run"
-    r = testbed("run", "scenarios/quickstart.yaml", "--out", str(out))
+    r = run_cli("run", "scenarios/quickstart.yaml", "--out", str(out))
     assert root_links() <= before[0] and state_files() <= before[1], "the run left things"
     return r, out
 
@@ -93,7 +93,7 @@ def test_link_counters_carry_the_kv_and_only_token_ids_for_handoff(quickstart):
 @pytest.mark.parametrize("scenario", ["congestion-short", "link-flap-short"])
 def test_faults_complete_without_loss(scenario, tmp_path, clean_after):
     out = tmp_path / "run"
-    r = testbed("run", f"tests/e2e/{scenario}.yaml", "--out", str(out))
+    r = run_cli("run", f"tests/e2e/{scenario}.yaml", "--out", str(out))
     assert (out / "summary.json").exists(), r.stdout + r.stderr
     summary = json.loads((out / "summary.json").read_text())
     pdd = summary["modes"]["pdd"]
@@ -106,7 +106,7 @@ def test_faults_complete_without_loss(scenario, tmp_path, clean_after):
 
 def test_killed_main_decoder_fails_requests_with_reasons(tmp_path, clean_after):
     out = tmp_path / "run"
-    r = testbed("run", "tests/e2e/kill-md-short.yaml", "--out", str(out))
+    r = run_cli("run", "tests/e2e/kill-md-short.yaml", "--out", str(out))
     assert (out / "summary.json").exists(), r.stdout + r.stderr
     recs = records(out, "pdd")
     assert len(recs) == 12
