@@ -101,6 +101,7 @@ def run_mode(sc: Scenario, mode: ModeRun, plan_args: dict, out: Path) -> None:
     with EmulatedNetwork(plan, events) as net:
         preflight(net)
         sampler = LinkSampler(net, mode_dir / "links.csv")
+        roles = None
         try:
             roles = start_roles(net, sc, mode, workload, mode_dir)
             actions = [a for fault in sc.faults for a in actions_for(fault, net, roles)]
@@ -121,7 +122,7 @@ def run_mode(sc: Scenario, mode: ModeRun, plan_args: dict, out: Path) -> None:
             status.finish()
         finally:
             sampler.close()
-            if "roles" in locals():
+            if roles is not None:
                 roles.stop()
     events.close()
     verify_mode(mode_dir)
