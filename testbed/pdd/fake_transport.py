@@ -188,13 +188,17 @@ class FakeTransport(Transport):
         self.network.bind(address, listener)
         return listener
 
+    def _pipes(self, host: str) -> tuple[float, object, object]:
+        """(handshake round trip, pipe to the server, pipe back): subclasses shape them."""
+        out_s, back_s = self.network.delay_s(self.name, host), self.network.delay_s(host, self.name)
+        return out_s + back_s, _Pipe(out_s), _Pipe(back_s)
+
     async def connect(self, host: str, port: int) -> Connection:
         net = self.network
         net.listener_at((host, port))  # refuse at once, as TCP does
-        out_s, back_s = net.delay_s(self.name, host), net.delay_s(host, self.name)
-        await asyncio.sleep(out_s + back_s)  # the handshake's round trip
+        handshake_s, to_server, to_client = self._pipes(host)
+        await asyncio.sleep(handshake_s)
         listener = net.listener_at((host, port))
-        to_server, to_client = _Pipe(out_s), _Pipe(back_s)
         client = FakeConnection(f"{host}:{port}", to_client, to_server, net.max_frame_bytes)
         server = FakeConnection(f"{self.name}:{net.next_port()}", to_server, to_client,
                                 net.max_frame_bytes)

@@ -27,8 +27,7 @@ import random
 from dataclasses import dataclass
 
 from testbed.pdd.config import ClusterConfig
-from testbed.pdd.fake_transport import FakeConnection, FakeNetwork, FakeTransport, _Pipe
-from testbed.pdd.transport import Connection
+from testbed.pdd.fake_transport import FakeNetwork, FakeTransport, _Pipe
 
 
 @dataclass(frozen=True)
@@ -99,19 +98,10 @@ class ShapedFakeTransport(FakeTransport):
 
     network: ShapedFakeNetwork
 
-    async def connect(self, host: str, port: int) -> Connection:
-        net = self.network
-        net.listener_at((host, port))  # refuse at once, as TCP does
-        out_link, back_link = net.link(self.name, host), net.link(host, self.name)
-        await asyncio.sleep(out_link.shape.delay_s + back_link.shape.delay_s)  # handshake
-        listener = net.listener_at((host, port))
-        to_server, to_client = _ShapedPipe(out_link), _ShapedPipe(back_link)
-        client = FakeConnection(f"{host}:{port}", to_client, to_server, net.max_frame_bytes)
-        server = FakeConnection(f"{self.name}:{net.next_port()}", to_server, to_client,
-                                net.max_frame_bytes)
-        client._peer_conn, server._peer_conn = server, client
-        listener.accept(server)
-        return client
+    def _pipes(self, host: str) -> tuple[float, object, object]:
+        out_link, back_link = self.network.link(self.name, host), self.network.link(host, self.name)
+        return (out_link.shape.delay_s + back_link.shape.delay_s, _ShapedPipe(out_link),
+                _ShapedPipe(back_link))
 
 
 def wan_network(cfg: ClusterConfig, wan: LinkShape, intra: LinkShape = LinkShape(),
