@@ -88,7 +88,8 @@ def cmd_calibrate(args) -> int:
                                        results_table)
 
     topo = _load_topology(args)
-    opts = CalibrateOptions(links=tuple(args.links) if args.links else None)
+    opts = CalibrateOptions(links=tuple(args.links) if args.links else None,
+                            shaper_rate=args.shaper_rate)
     with open_network(topo, _backend(args.backend), args.scale, args.seed) as net:
         results = calibrate(net, opts)
         out = results_json(net, results)
@@ -107,7 +108,7 @@ def cmd_run(args) -> int:
     out = Path(args.out) if args.out else Path("runs") / \
         f"{sc.name}-{__import__('time').strftime('%Y%m%d-%H%M%S')}"
     opts = RunOptions(out, args.seed, args.scale, None if args.backend == "auto" else args.backend,
-                      args.dry_run)
+                      args.dry_run, args.ready_timeout_s, args.preflight_tol_ms)
     if args.dry_run:
         from testbed.scenario.dryrun import describe
 
@@ -197,6 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--wan-rate-gbit", type=float)
     p.add_argument("--wan-rtt-ms", type=float)
     p.add_argument("--wan-loss-pct", type=float)
+    p.add_argument("--shaper-rate", action="store_true",
+                   help="also the shaper's own rate: UDP offered at 1.2x, what arrives")
     p.set_defaults(func=cmd_calibrate)
     p = sub.add_parser("run", help="run a scenario: every mode, faults, report")
     p.add_argument("scenario")
@@ -205,6 +208,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scale", type=float, help="bandwidth scale k (default: scenario or auto)")
     p.add_argument("--backend", choices=("auto", "netem", "userspace"), default="auto")
     p.add_argument("--dry-run", action="store_true", help="print the plan, build nothing")
+    p.add_argument("--ready-timeout-s", type=float, default=60.0,
+                   help="how long each role may take to start (a qemu guest: 900)")
+    p.add_argument("--preflight-tol-ms", type=float, default=3.0,
+                   help="WAN RTT tolerance of the preflight ping (a qemu guest: 10)")
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("report", help="re-render summary.json, report.md and plots")
     p.add_argument("run_dir")

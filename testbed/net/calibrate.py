@@ -33,6 +33,9 @@ RATE_TOL = {"wan": 0.05, "intra": 0.10}  # htb: 1-7% at 10 Gbit/s, tighter below
 RTT_TOL_MS = 2.0
 LOSS_TOL_PTS = 0.3
 IPERF_PORT = 5201
+UDP_PAYLOAD = 1448           # bytes per datagram: 1490 on the wire (UDP 8, IP 20, Ethernet 14)
+UDP_SHARE = UDP_PAYLOAD / (UDP_PAYLOAD + 42)
+UDP_OVERLOAD = 1.2           # offered load / htb rate for the shaper figure
 
 
 @dataclass
@@ -43,6 +46,7 @@ class Check:
     unit: str
     tolerance: float        # absolute, in unit
     passed: bool | None = None
+    note: str = ""          # why a figure could not be measured
 
     def judge(self) -> "Check":
         self.passed = None if self.measured is None else \
@@ -94,8 +98,17 @@ def parse_iperf(text: str) -> dict:
         return {"bps": end["sum_received"]["bits_per_second"],
                 "retransmits": end.get("sum_sent", {}).get("retransmits")}
     s = end.get("sum_received") or end["sum"]  # receiver's view when iperf3 has it
+    # iperf3 counts a UDP test's bytes as sent; what arrived is packets - lost.
+    payload = s["bytes"] / s["packets"] if s["packets"] else 0.0
+    received_bps = (s["packets"] - s["lost_packets"]) * payload * 8 / s["seconds"] \
+        if s["seconds"] else 0.0
+    sent = end.get("sum_sent") or end["sum"]
+    # per-second figures; with -R they are the receiver's (the client receives)
+    intervals = [i["sum"]["bits_per_second"] for i in doc.get("intervals", [])
+                 if not i["sum"].get("omitted")]
     return {"bps": s["bits_per_second"], "lost_pct": s["lost_percent"],
-            "packets": s["packets"], "lost": s["lost_packets"]}
+            "packets": s["packets"], "lost": s["lost_packets"], "received_bps": received_bps,
+            "sent_bps": sent["bits_per_second"], "interval_bps": intervals}
 
 
 def _ping(net, src: str, dst_ip: str, count: int, interval: float) -> dict:
@@ -149,11 +162,19 @@ def _measure(net, link: str, src: str, dst: str, dst_ip: str, fwd: str, rev: str
         set_link(net, c.id, loss=NO_LOSS)
     try:
         for name, ch, extra in (("rate_fwd_mbit", ab, []), ("rate_rev_mbit", ba, ["-R"])):
-            r = run_iperf(net, src, dst, dst_ip, ["-t", str(secs), "-O", str(opts.omit_s)] + extra,
-                          secs)
             want = ch.htb.rate_bps * GOODPUT_SHARE / 1e6
-            res.checks.append(Check(name, want, r["bps"] / 1e6, "Mbit/s",
-                                    want * RATE_TOL[kind]).judge())
+            tol = want * (opts.rate_tol if opts.rate_tol is not None else RATE_TOL[kind])
+            args = ["-t", str(secs), "-O", str(opts.omit_s)] + extra
+            got = attempts_until(lambda: run_iperf(net, src, dst, dst_ip, args, secs)["bps"] / 1e6,
+                                 want - tol, opts.rate_attempts)
+            check = Check(name, want, max(got), "Mbit/s", tol)
+            if len(got) > 1:
+                check.note = "attempts " + ", ".join(f"{g:.1f}" for g in got) + " Mbit/s"
+            res.checks.append(check.judge())
+        if opts.shaper_rate:
+            res.checks += [_shaper_rate(net, snd, ip, rcv, n, ch, secs, kind)
+                           for n, ch, snd, ip, rcv in (("shaper_fwd_mbit", ab, src, net.ip(src), dst),
+                                                       ("shaper_rev_mbit", ba, dst, dst_ip, src))]
     finally:
         for c in lossy:
             set_link(net, c.id, loss=c.spec.loss)
@@ -167,6 +188,38 @@ def _measure(net, link: str, src: str, dst: str, dst_ip: str, fwd: str, rev: str
     return res
 
 
+def attempts_until(measure, floor: float, attempts: int) -> list[float]:
+    """Call ``measure`` until a figure reaches ``floor`` or ``attempts`` ran;
+    every figure, in order (the caller keeps the best)."""
+    got: list[float] = []
+    while len(got) < attempts and (not got or max(got) < floor):
+        got.append(measure())
+    return got
+
+
+def _shaper_rate(net, sender: str, sender_ip: str, receiver: str, name: str, ch, secs: float,
+                 kind: str) -> Check:
+    """The shaper's own rate, free of TCP: UDP offered at UDP_OVERLOAD x the
+    htb rate, against rate x UDP_SHARE. The figure is the receiver's mean
+    per-second rate without the first and last second (iperf3 -R: the client
+    receives; totals would count what sat in the queue at the end as lost)."""
+    offered = ch.htb.rate_bps * UDP_OVERLOAD
+    r = run_iperf(net, receiver, sender, sender_ip,
+                  ["-u", "-b", str(int(offered)), "-l", str(UDP_PAYLOAD), "-t", str(secs), "-R"],
+                  secs)
+    want = ch.htb.rate_bps * UDP_SHARE / 1e6
+    steady = r["interval_bps"][1:-1]
+    check = Check(name, want, sum(steady) / len(steady) / 1e6 if steady else None, "Mbit/s",
+                  want * RATE_TOL[kind])
+    if not steady:
+        check.note = f"no steady second in a {secs:g} s test"
+    elif r["sent_bps"] < ch.htb.rate_bps * UDP_SHARE * (1 + RATE_TOL[kind]):
+        check.measured = None  # the sender, not the shaper, set the pace
+        check.note = (f"iperf3 sent only {r['sent_bps'] / 1e6:.1f} Mbit/s: cannot overload "
+                      f"{ch.htb.rate_bps / 1e6:g} Mbit/s")
+    return check.judge()
+
+
 @dataclass(frozen=True)
 class CalibrateOptions:
     links: tuple[str, ...] | None = None  # None: every link
@@ -177,6 +230,12 @@ class CalibrateOptions:
     ping_interval_s: float = 0.01
     loss: bool = True
     loss_seconds: float = 2.0
+    shaper_rate: bool = False   # also the UDP shaper figure (shaper_*_mbit)
+    # A TCP rate below tolerance is measured again, up to rate_attempts runs,
+    # and the best kept: a shaper cannot deliver more than its rate, but TCP
+    # in a CPU-starved sender (a software-emulated guest) delivers less.
+    rate_attempts: int = 1
+    rate_tol: float | None = None  # relative; None: RATE_TOL of the link's kind
 
 
 def pick_host(topo, dc, roles: tuple[Role, ...]) -> str:
@@ -216,16 +275,15 @@ def results_json(net, results: list[LinkResult]) -> dict:
 def results_table(net, results: list[LinkResult]) -> str:
     lines = [f"topology {net.plan.topology.name}  backend {net.plan.backend.value}  "
              f"scale k={net.plan.scale:g} (emulated rate = nominal/k)",
-             f"{'link':<14} {'check':<14} {'configured':>11} {'measured':>10} {'error':>9} "
+             f"{'link':<14} {'check':<15} {'configured':>11} {'measured':>10} {'error':>9} "
              f"{'tol':>8}  ok"]
     for r in results:
         for c in r.checks:
             m = "-" if c.measured is None else f"{c.measured:.3f}"
             e = "-" if c.error is None else f"{c.error:+.3f}"
             ok = {True: "ok", False: "FAIL", None: "?"}[c.passed]
-            lines.append(f"{r.link:<14} {c.name:<14} {c.configured:>11.3f} {m:>10} {e:>9} "
-                         f"{c.tolerance:>8.3f}  {ok}   [{c.unit}; nominal {r.nominal_rate_gbit:g}"
-                         f" Gbit/s]" if c.name.startswith("rate") else
-                         f"{r.link:<14} {c.name:<14} {c.configured:>11.3f} {m:>10} {e:>9} "
-                         f"{c.tolerance:>8.3f}  {ok}   [{c.unit}]")
+            extra = f"; nominal {r.nominal_rate_gbit:g} Gbit/s" if c.unit == "Mbit/s" else ""
+            lines.append(f"{r.link:<14} {c.name:<15} {c.configured:>11.3f} {m:>10} {e:>9} "
+                         f"{c.tolerance:>8.3f}  {ok}   [{c.unit}{extra}]"
+                         + (f"  {c.note}" if c.note else ""))
     return "\n".join(lines)

@@ -78,8 +78,9 @@ def write_workload(path: Path, workload) -> None:
 
 
 class RoleSet:
-    def __init__(self, net, cfg: dict, mode_dir: Path):
+    def __init__(self, net, cfg: dict, mode_dir: Path, ready_timeout_s: float = READY_TIMEOUT_S):
         self.net, self.cfg, self.dir = net, cfg, mode_dir
+        self.ready_timeout_s = ready_timeout_s
         self.logs = mode_dir / "roles"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.config_path = mode_dir / "cluster.json"
@@ -106,14 +107,15 @@ class RoleSet:
             started = [(i["name"], self._start(i, [])) for i in self.cfg["instances"]
                        if i["role"] == role]
             for name, proc in started:
-                _wait_ready(proc, name, self.logs / f"{name}.log")
+                _wait_ready(proc, name, self.logs / f"{name}.log", self.ready_timeout_s)
                 self.procs[name] = proc
 
     def start_client(self, workload_path: Path) -> None:
         inst = next(i for i in self.cfg["instances"] if i["role"] == "client")
         self.client = self._start(inst, ["--workload", str(workload_path),
                                          "--out", str(self.requests_path)])
-        _wait_ready(self.client, inst["name"], self.logs / f"{inst['name']}.log")
+        _wait_ready(self.client, inst["name"], self.logs / f"{inst['name']}.log",
+                    self.ready_timeout_s)
         self.t0 = time.monotonic()
 
     # -- the runner's view ---------------------------------------------
@@ -151,8 +153,9 @@ class RoleSet:
                 stop_process(proc.pid, None, timeout_s=5.0)
 
 
-def _wait_ready(proc: subprocess.Popen, name: str, log: Path) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
+def _wait_ready(proc: subprocess.Popen, name: str, log: Path,
+                timeout_s: float = READY_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         r, _, _ = select.select([proc.stdout], [], [], 0.2)
         if r and proc.stdout.readline().decode().strip() == "ready":
@@ -160,12 +163,13 @@ def _wait_ready(proc: subprocess.Popen, name: str, log: Path) -> None:
         if proc.poll() is not None:
             tail = log.read_text()[-1500:] if log.exists() else ""
             raise EmulationError(f"role {name} exited with {proc.returncode} before ready:\n{tail}")
-    raise EmulationError(f"role {name} not ready after {READY_TIMEOUT_S} s (log {log})")
+    raise EmulationError(f"role {name} not ready after {timeout_s:g} s (log {log})")
 
 
-def start_roles(net, sc, mode_run, workload, mode_dir: Path) -> RoleSet:
+def start_roles(net, sc, mode_run, workload, mode_dir: Path,
+                ready_timeout_s: float = READY_TIMEOUT_S) -> RoleSet:
     """Start every role of ``mode_run`` in its host, then the client (t0 = its start)."""
-    roles = RoleSet(net, cluster_dict(net, mode_run, {}), mode_dir)
+    roles = RoleSet(net, cluster_dict(net, mode_run, {}), mode_dir, ready_timeout_s)
     try:
         wl = mode_dir / "workload.jsonl"
         write_workload(wl, workload)

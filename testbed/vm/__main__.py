@@ -3,8 +3,14 @@
     python -m testbed.vm prepare [--refresh]        # fetch the kernel, build the initramfs
     python -m testbed.vm run [--results DIR] -- COMMAND...
     python -m testbed.vm netem-check [--scale 100] [--results DIR] [--json]
+    python -m testbed.vm scenario SCENARIO.yaml --backend netem|userspace --out RUN_DIR
 
-Exit codes: ``run`` returns the guest command's exit code; ``netem-check``
+``scenario`` runs ``testbed run`` in the guest (one vCPU, TSC clock, 4 GB:
+SCENARIO_VM) with the role start-up allowance raised for software
+emulation; RUN_DIR gets the run directory and, beside it, the guest's
+run.sh, stdout, stderr, exit_code and console.log.
+
+Exit codes: ``run`` and ``scenario`` return the guest command's exit code; ``netem-check``
 0 (all figures within tolerance) or 1; 2 the guest could not be prepared,
 booted or did not report; 130 interrupted (qemu is killed).
 """
@@ -15,7 +21,7 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from testbed.vm.errors import VmError
@@ -51,6 +57,26 @@ def cmd_run(args) -> int:
     return r.exit_code
 
 
+def cmd_scenario(args) -> int:
+    from testbed.vm.netem_check import SCENARIO_VM
+
+    out = args.out.resolve()
+    argv = [sys.executable, "-m", "testbed.cli", "run", str(args.scenario.resolve()),
+            "--backend", args.backend, "--out", str(out),
+            "--ready-timeout-s", f"{args.ready_timeout_s:g}",
+            "--preflight-tol-ms", f"{args.preflight_tol_ms:g}"]
+    if args.scale is not None:
+        argv += ["--scale", f"{args.scale:g}"]
+    config = SCENARIO_VM if args.memory_mb is None else \
+        replace(SCENARIO_VM, memory_mb=args.memory_mb)
+    r = run_in_guest(argv, out, args.timeout, config)
+    sys.stdout.write(r.stdout)
+    sys.stderr.write(r.stderr[-5000:])
+    print(f"testbed.vm: scenario exit {r.exit_code}, {r.wall_s:.1f} s wall (guest booted in "
+          f"{r.boot_s} s), run directory {out}", file=sys.stderr)
+    return r.exit_code
+
+
 def cmd_netem_check(args) -> int:
     from testbed.vm.netem_check import check_in_guest, format_rows
 
@@ -81,6 +107,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cpus", type=int, default=2)
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
     p.set_defaults(func=cmd_run)
+    p = sub.add_parser("scenario", help="testbed run SCENARIO in a guest (slow: tens of minutes)")
+    p.add_argument("scenario", type=Path)
+    p.add_argument("--backend", choices=("netem", "userspace"), default="netem")
+    p.add_argument("--out", type=Path, required=True, help="run directory (on the host)")
+    p.add_argument("--scale", type=float, help="bandwidth scale k (default: the scenario's)")
+    p.add_argument("--timeout", type=float, default=5400.0, help="seconds, boot included")
+    p.add_argument("--ready-timeout-s", type=float, default=900.0,
+                   help="per role start (torch imports take ~45 s each in the guest)")
+    p.add_argument("--preflight-tol-ms", type=float, default=10.0,
+                   help="WAN RTT tolerance (the guest adds ~5 ms between client and MD)")
+    p.add_argument("--memory-mb", type=int)
+    p.set_defaults(func=cmd_scenario)
     p = sub.add_parser("netem-check", help="the netem backend's accuracy, in a guest")
     p.add_argument("--scale", type=float, default=100.0,
                    help="bandwidth scale k (default 100: WAN 10 Gbit/s -> 100 Mbit/s)")

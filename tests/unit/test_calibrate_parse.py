@@ -7,7 +7,7 @@ import json
 import pytest
 
 from testbed.errors import EmulationError
-from testbed.net.calibrate import GOODPUT_SHARE, Check, parse_iperf, parse_ping
+from testbed.net.calibrate import GOODPUT_SHARE, Check, attempts_until, parse_iperf, parse_ping
 
 PING = """PING 10.77.2.10 (10.77.2.10) 56(84) bytes of data.
 
@@ -37,10 +37,16 @@ def test_parse_iperf_tcp_and_udp():
                                      "sum_sent": {"retransmits": 3}}))
     assert tcp == {"bps": 9.5e8, "retransmits": 3}
     udp = parse_iperf(_iperf("UDP", {"sum_received": {"bits_per_second": 5e7, "lost_percent": 1.1,
-                                                      "packets": 10000, "lost_packets": 110},
+                                                      "packets": 10000, "lost_packets": 110,
+                                                      "bytes": 14_480_000, "seconds": 2.0},
                                      "sum": {"bits_per_second": 1, "lost_percent": 9,
-                                             "packets": 1, "lost_packets": 0}}))
+                                             "packets": 1, "lost_packets": 0,
+                                             "bytes": 1448, "seconds": 2.0},
+                                     "sum_sent": {"bits_per_second": 6e7}}))
     assert udp["lost_pct"] == 1.1 and udp["packets"] == 10000  # the receiver's view wins
+    # iperf3 3.12 counts the bytes sent; what arrived is (packets - lost) x payload
+    assert udp["received_bps"] == pytest.approx(9890 * 1448 * 8 / 2.0)
+    assert udp["sent_bps"] == 6e7
     with pytest.raises(EmulationError, match="iperf3: busy"):
         parse_iperf(json.dumps({"error": "busy"}))
     with pytest.raises(EmulationError, match="no JSON"):
@@ -52,3 +58,13 @@ def test_check_judges_against_absolute_tolerance():
     assert not Check("rtt_ms", 40, 42.1, "ms", 2).judge().passed
     assert Check("x", 1, None, "", 1).judge().passed is None
     assert 0.956 < GOODPUT_SHARE < 0.957
+
+
+def test_a_rate_below_its_floor_is_measured_again_up_to_the_attempts():
+    figures = iter([80.0, 97.0, 99.0])
+    assert attempts_until(lambda: next(figures), 90.0, 3) == [80.0, 97.0]  # stops once reached
+    figures = iter([80.0, 81.0, 82.0, 99.0])
+    assert attempts_until(lambda: next(figures), 90.0, 3) == [80.0, 81.0, 82.0]  # gives up
+    figures = iter([120.0, 95.0])
+    assert attempts_until(lambda: next(figures), 90.0, 3) == [120.0]  # too high is not retried
+    assert attempts_until(lambda: 50.0, 90.0, 1) == [50.0]
