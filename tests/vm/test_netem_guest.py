@@ -17,8 +17,10 @@ with ``-m "not slow"``.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -70,3 +72,24 @@ def test_netem_backend_in_guest_within_tolerance(tmp_path):
     assert ("configured", "wan loss_fwd_pct") in names, table
     assert check.figures["backend"] == "netem" and check.figures["probe"]["netem"]
     assert _host_links() <= before  # the guest has no way to touch the host's network
+
+
+CHECK_NETEM = Path(__file__).resolve().parents[2] / "vagrant" / "check-netem.sh"
+
+
+def test_the_vagrant_provisioning_check_passes_on_a_netem_kernel(tmp_path):
+    """vagrant/check-netem.sh (what `vagrant up` runs after setup.sh) in the
+    guest: loads sch_netem, ifb, sch_htb; testbed check reports netem."""
+    r = run_in_guest(["bash", str(CHECK_NETEM)], tmp_path / "g", timeout_s=300,
+                     cwd=tmp_path / "g")
+    assert r.exit_code == 0, r.stdout + r.stderr
+    assert re.search(r"^backend +netem$", r.stdout, re.M), r.stdout
+    assert re.search(r"^qdisc netem +yes$", r.stdout, re.M), r.stdout
+
+
+def test_the_vagrant_provisioning_check_fails_on_a_kernel_without_netem():
+    if Path("/sys/module/sch_netem").exists() or \
+            subprocess.run(["modprobe", "-n", "sch_netem"], capture_output=True).returncode == 0:
+        pytest.skip("this kernel has sch_netem")
+    r = subprocess.run(["bash", str(CHECK_NETEM)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "sch_netem" in r.stderr, r.stderr
