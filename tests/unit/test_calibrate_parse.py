@@ -37,16 +37,17 @@ def test_parse_iperf_tcp_and_udp():
                                      "sum_sent": {"retransmits": 3}}))
     assert tcp == {"bps": 9.5e8, "retransmits": 3}
     udp = parse_iperf(_iperf("UDP", {"sum_received": {"bits_per_second": 5e7, "lost_percent": 1.1,
-                                                      "packets": 10000, "lost_packets": 110,
-                                                      "bytes": 14_480_000, "seconds": 2.0},
+                                                      "packets": 10000, "lost_packets": 110},
                                      "sum": {"bits_per_second": 1, "lost_percent": 9,
-                                             "packets": 1, "lost_packets": 0,
-                                             "bytes": 1448, "seconds": 2.0},
+                                             "packets": 1, "lost_packets": 0},
                                      "sum_sent": {"bits_per_second": 6e7}}))
     assert udp["lost_pct"] == 1.1 and udp["packets"] == 10000  # the receiver's view wins
-    # iperf3 3.12 counts the bytes sent; what arrived is (packets - lost) x payload
-    assert udp["received_bps"] == pytest.approx(9890 * 1448 * 8 / 2.0)
     assert udp["sent_bps"] == 6e7
+    doc = json.loads(_iperf("UDP", {"sum": {"bits_per_second": 1, "lost_percent": 0,
+                                            "packets": 1, "lost_packets": 0}}))
+    doc["intervals"] = [{"sum": {"bits_per_second": b, "omitted": o}}
+                        for b, o in ((5.0, True), (7.0, False), (9.0, False))]
+    assert parse_iperf(json.dumps(doc))["interval_bps"] == [7.0, 9.0]  # omitted seconds left out
     with pytest.raises(EmulationError, match="iperf3: busy"):
         parse_iperf(json.dumps({"error": "busy"}))
     with pytest.raises(EmulationError, match="no JSON"):
