@@ -133,6 +133,20 @@ def cmd_report(args) -> int:
     return 0 if summary["passed"] else 1
 
 
+def cmd_compare(args) -> int:
+    from testbed.report.compare import compare_runs, format_comparison
+    from testbed.report.rundir import load_run
+
+    runs = [load_run(d) for d in args.run_dirs]
+    labels = args.labels or [f"{r.path.name} ({r.metadata.get('backend', '?')})" for r in runs]
+    if len(labels) != len(runs):
+        raise TestbedError(f"--labels: {len(labels)} labels for {len(runs)} run directories")
+    print(" | ".join(f"{lab}: {r.path}, kernel {r.metadata.get('kernel', '?')}, k="
+                     f"{r.scale:g}" for lab, r in zip(labels, runs)))
+    print(format_comparison(compare_runs(runs), labels))
+    return 0
+
+
 def cmd_bench(args) -> int:
     if args.what == "updown":
         from testbed.net.updown import updown
@@ -216,6 +230,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="re-render summary.json, report.md and plots")
     p.add_argument("run_dir")
     p.set_defaults(func=cmd_report)
+    p = sub.add_parser("compare", help="runs side by side (e.g. one scenario, two backends)")
+    p.add_argument("run_dirs", nargs="+")
+    p.add_argument("--labels", nargs="+", help="column names (default: folder and backend)")
+    p.set_defaults(func=cmd_compare)
     p = sub.add_parser("bench", help="benchmarks: updown (build/teardown), handoff")
     p.add_argument("what", choices=("updown", "handoff"))
     _net_args(p)
