@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 from dataclasses import asdict, replace
@@ -129,8 +130,13 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt  # run_in_guest stops qemu on the way out
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _interrupt)
     if getattr(args, "command", None) and args.command[0] == "--":
         args.command = args.command[1:]
     try:

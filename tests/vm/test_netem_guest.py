@@ -93,3 +93,28 @@ def test_the_vagrant_provisioning_check_fails_on_a_kernel_without_netem():
         pytest.skip("this kernel has sch_netem")
     r = subprocess.run(["bash", str(CHECK_NETEM)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "sch_netem" in r.stderr, r.stderr
+
+
+def _qemu_pids_for(results) -> list[int]:
+    out = subprocess.run(["pgrep", "-f", f"tbvm_results={results} "], capture_output=True,
+                         text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def test_sigterm_to_the_harness_stops_its_guest(tmp_path):
+    import signal
+    import sys
+    import time
+
+    results = tmp_path / "t"
+    proc = subprocess.Popen([sys.executable, "-m", "testbed.vm", "run", "--results",
+                             str(results), "--", "sleep", "120"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (results / "guest_uptime").exists() and time.monotonic() < deadline:
+        time.sleep(0.5)  # the guest has booted and started the command
+    assert _qemu_pids_for(results.resolve()), "no qemu for this test"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "qemu was stopped" in err, err
+    assert _qemu_pids_for(results.resolve()) == []
