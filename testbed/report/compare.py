@@ -6,6 +6,7 @@ per figure and mode, one column per run:
     preflight_rtt_ms     the runner's WAN ping before the workload (events)
     wan_ab_bytes/_ba_    what the WAN's shaped channels carried, nominal
                          (links.csv counters x k)
+    prefill_real_s_p50   P's real (tiny-model) prefill time: the machine's speed
     kv_wan_s_p50/_p90    MD's WAN KV transfer time per request (its report)
     ttft_p50/p90/p99_s, tpot_p50_ms, e2e_p99_s, requests_completed/_failed
 
@@ -49,9 +50,9 @@ def _preflight_rtt(events: Sequence[Mapping]) -> float | None:
     return next((e.get("rtt_measured_ms") for e in events if e.get("kind") == "preflight"), None)
 
 
-def _kv_wan_times(requests: Sequence[Mapping]) -> list[float]:
+def _reported(requests: Sequence[Mapping], role: str, key: str) -> list[float]:
     return [t for r in requests
-            if (t := ((r.get("reports") or {}).get("MD") or {}).get("kv_transfer_s")) is not None]
+            if (t := ((r.get("reports") or {}).get(role) or {}).get(key)) is not None]
 
 
 def mode_figures(mode: ModeData, scale: float) -> list[tuple[str, str, float | None]]:
@@ -60,11 +61,13 @@ def mode_figures(mode: ModeData, scale: float) -> list[tuple[str, str, float | N
     e2e = [r.get("e2e_s") for r in done]
     tpot = [tpot_ms(r) for r in done]
     wan = link_bytes(mode.links, WAN_LINK)
-    kv = _kv_wan_times(mode.requests)
+    kv = _reported(mode.requests, "MD", "kv_transfer_s")
+    prefill = _reported(mode.requests, "P", "prefill_real_s")
     return [
         ("preflight_rtt_ms", "ms", _preflight_rtt(mode.events)),
         ("wan_ab_bytes", "B nominal", wan["a>b"] * scale if "a>b" in wan else None),
         ("wan_ba_bytes", "B nominal", wan["b>a"] * scale if "b>a" in wan else None),
+        ("prefill_real_s_p50", "s", percentile(prefill, 50)),
         ("kv_wan_s_p50", "s", percentile(kv, 50)),
         ("kv_wan_s_p90", "s", percentile(kv, 90)),
         ("ttft_p50_s", "s", percentile(ttft, 50)),

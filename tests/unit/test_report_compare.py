@@ -20,7 +20,7 @@ def _run_dir(path, backend, ttfts, kv_s, rtt_ms, wan_bytes, scale=10.0, failed=0
     mode.mkdir()
     reqs = [{"id": i, "status": "completed", "ttft_s": t, "e2e_s": t + 1.0,
              "tokens": [[j, 1, 0.0, "MD"] for j in range(11)],
-             "reports": {"MD": {"kv_transfer_s": kv}}} for i, (t, kv) in enumerate(zip(ttfts, kv_s))]
+             "reports": {"MD": {"kv_transfer_s": kv}, "P": {"prefill_real_s": kv / 10}}} for i, (t, kv) in enumerate(zip(ttfts, kv_s))]
     reqs += [{"id": 100 + i, "status": "failed", "reason": "timeout"} for i in range(failed)]
     (mode / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in reqs))
     (mode / "events.jsonl").write_text(json.dumps(
@@ -46,6 +46,7 @@ def test_every_figure_side_by_side_with_its_spread(tmp_path):
     assert rows[("pdd", "wan_ab_bytes")].spread == pytest.approx(0.1)
     assert rows[("pdd", "ttft_p50_s")].values == (2.0, 2.2)
     assert rows[("pdd", "kv_wan_s_p50")].values == (0.5, 0.6)
+    assert rows[("pdd", "prefill_real_s_p50")].values == (0.05, 0.06)
     assert rows[("pdd", "tpot_p50_ms")].values == (pytest.approx(100.0), pytest.approx(100.0))
     assert rows[("pdd", "requests_completed")].values == (3.0, 3.0)
     assert rows[("pdd", "requests_failed")].values == (0.0, 1.0)
