@@ -5,7 +5,8 @@ MD instance of the config (each role learns the router from that HELLO and
 sends TOKENS, DONE, ERROR and REPORT back on it). Per request:
 
 1. client REQUEST(prompt, max_out, {id, session}) -> a router request id;
-   P's expected hit from the router's prefix mirror; ``routing.choose_pipeline``
+   P's expected hit and the chosen MD's expected DRC hit from the router's
+   prefix mirrors; ``routing.choose_pipeline``
    picks the pipeline; the router REPORTs its decision to the client
    (``pipeline``, ``reason``, ``expected_wan_s``, ``roles``) and sends P the
    REQUEST with metadata {pipeline, rld, md}.
@@ -69,6 +70,7 @@ class RouterNode(RoleServer):
     def __init__(self, cfg: ClusterConfig, name: str, transport: Transport):
         super().__init__(cfg, name, transport)
         self.mirror = PrefixMirror(cfg.prefill.block_size, cfg.prefill.cache_capacity_tokens)
+        self.md_mirrors: dict[str, PrefixMirror] = {}  # per MD instance: its DRC
         self.wan = WanEstimate(cfg.router, cfg.timing.kv_scale_k)
         self.requests: dict[int, Routed] = {}
         self._by_client: dict[tuple[int, int], Routed] = {}
@@ -115,9 +117,14 @@ class RouterNode(RoleServer):
             return
         names = {role: self._pick(role) for role in _ROLES}
         hit = self.mirror.route(req.prompt_token_ids)
+        md_mirror = self._md_mirror(names[Role.MAIN_DECODE])
+        md_hit = None if md_mirror is None else md_mirror.hit(req.prompt_token_ids)
         active = self.rld_active.get(names[Role.RELAY_DECODE], 0)
-        inputs = RouteInputs(len(req.prompt_token_ids), req.max_output_tokens, hit, active)
+        inputs = RouteInputs(len(req.prompt_token_ids), req.max_output_tokens, hit, active,
+                             md_hit)
         d = choose_pipeline(self.cfg.mode, self.cfg.router, self.cfg.timing, inputs, self.wan.gbit)
+        if md_mirror is not None and d.pipeline != Pipeline.RLD_ONLY:
+            md_mirror.record(req.prompt_token_ids)  # MD's DRC inserts the prompt
         involved = {Role.PREFILL}
         if d.pipeline != Pipeline.P_MD:
             involved.add(Role.RELAY_DECODE)
@@ -129,7 +136,7 @@ class RouterNode(RoleServer):
         self._by_client[(id(client), client_rid)] = r
         info = {"pipeline": d.pipeline.value, "reason": d.reason,
                 "expected_wan_s": d.expected_wan_s,
-                "router_hit_tokens": hit, "wan_gbit": self.wan.gbit, "rld_active": active,
+                "router_hit_tokens": hit, "router_md_hit_tokens": md_hit, "wan_gbit": self.wan.gbit, "rld_active": active,
                 "roles": sorted(role.name for role in involved), "mode": self.cfg.mode.value}
         self.decisions.append(dict(info, rid=r.rid))
         await client.send(client_rid, Report(Role.ROUTER, self.name, info))
@@ -146,6 +153,14 @@ class RouterNode(RoleServer):
         if p is None or not await p.send(r.rid, Request(req.prompt_token_ids,
                                                         req.max_output_tokens, meta)):
             await self._end(r, "prefill unavailable")
+
+    def _md_mirror(self, md: str | None) -> PrefixMirror | None:
+        if md is None:
+            return None
+        if md not in self.md_mirrors:
+            self.md_mirrors[md] = PrefixMirror(self.cfg.prefill.block_size,
+                                               self.cfg.main.drc_capacity_tokens)
+        return self.md_mirrors[md]
 
     async def peer_if_live(self, name: str | None) -> Peer | None:
         if name is None or name in self.dead or name not in self._out:

@@ -4,7 +4,11 @@ Owns ``choose_pipeline`` (the rule of docs/pdd-roles.md), ``WanEstimate``
 (EWMA of MD-reported WAN transfer rates, a configured prior until the first
 report) and ``PrefixMirror`` (the router's radix mirror of P's prefix cache:
 same block size and capacity, fed with every routed prompt in routing order,
-which is P's FIFO order, so its LRU evicts what P's evicts).
+which is P's FIFO order, so its LRU evicts what P's evicts). The router
+keeps one more mirror per MD, of its DRC, fed with the prompts of the
+requests routed through that MD: MD fetches over the WAN only what its DRC
+lacks, and the DRC falls behind P's cache whenever a request never reaches
+MD (anomalous, rld-only), so P's hit alone underestimates the transfer.
 
 Rule, per mode:
 
@@ -13,7 +17,7 @@ Rule, per mode:
   ``anomalous_min_input_tokens`` (modeled: prompt x token_scale) and max output <
   ``anomalous_max_output_tokens``
   -> ``rld-only``. Then expected WAN time = missing KV bytes (nominal,
-  ``(prompt - P hit) * kv_bytes_per_token``) / WAN estimate + ``wan_rtt_s``;
+  ``(prompt - MD hit) * kv_bytes_per_token``) / WAN estimate + ``wan_rtt_s``;
   below ``relay_threshold_s`` -> ``p-md``. Otherwise ``pdd`` picks
   ``p-rld-md`` unless RLD already holds ``rld_max_active`` requests (then
   ``p-md``); ``p-rld`` picks ``rld-only`` (no load guard: that is the
@@ -44,6 +48,9 @@ class RouteInputs:
     max_out: int
     hit_tokens: int  # P's expected prefix-cache hit (from the mirror)
     rld_active: int  # requests RLD currently holds
+    # MD's expected DRC hit (from the router's mirror of it): what MD lacks is
+    # what crosses the WAN. None: assume MD holds what P holds (DRC aligned).
+    md_hit_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -71,7 +78,8 @@ def choose_pipeline(mode: Mode, cfg: RouterConfig, timing: TimingConfig, inp: Ro
             >= cfg.anomalous_min_input_tokens
             and inp.max_out < cfg.anomalous_max_output_tokens):
         return RouteDecision(Pipeline.RLD_ONLY, "anomalous: long input, short output", None)
-    missing = max(0, inp.prompt_len - inp.hit_tokens)
+    md_hit = inp.hit_tokens if inp.md_hit_tokens is None else inp.md_hit_tokens
+    missing = max(0, inp.prompt_len - md_hit)
     expected = expected_wan_s(missing, timing, wan_gbit, cfg.wan_rtt_s)
     if expected < cfg.relay_threshold_s:
         return RouteDecision(Pipeline.P_MD, "short transfer", expected)
@@ -117,6 +125,13 @@ class PrefixMirror:
 
     def route(self, prompt: Sequence[int]) -> int:
         """P's expected hit for ``prompt``; then record the prompt as P will (match + insert)."""
-        hit = self._tree.match(prompt).n_tokens
-        self._tree.insert(prompt)
+        hit = self.hit(prompt)
+        self.record(prompt)
         return hit
+
+    def hit(self, prompt: Sequence[int]) -> int:
+        """The expected hit, without recording the prompt."""
+        return self._tree.match(prompt).n_tokens
+
+    def record(self, prompt: Sequence[int]) -> None:
+        self._tree.insert(prompt)

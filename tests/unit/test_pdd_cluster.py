@@ -96,3 +96,25 @@ def test_the_anomalous_request_never_crosses_the_wan():
     r = records_of("pdd", "catch-up")[3]
     assert r["pipeline"] == "rld-only" and r["bytes"]["kv_wan"] == 0
     assert r["bytes"]["kv_intra"] > 0 and r["md_hit_rate"] is None
+
+
+def test_the_router_judges_the_wan_by_what_md_lacks_not_what_p_holds():
+    """A prefix P cached from a request that never reached MD (anomalous,
+    rld-only): the next turn hits 94 % at P and 0 % at MD, so its whole
+    prompt crosses the WAN; the router must see that and relay it."""
+    import random
+
+    from testbed.pdd.client_record import ClientRequest
+
+    rng = random.Random(5)
+    base = tuple(rng.randrange(512) for _ in range(150))
+    reqs = [ClientRequest(0, 0.0, base, 40, "s1"),  # anomalous: 150 >= 140 in, 40 < 50 out
+            ClientRequest(1, 1.5, base + tuple(rng.randrange(512) for _ in range(10)), 60, "s1")]
+    cfg = small_config("pdd", router={"anomalous_max_output_tokens": 50})
+    first, second = sorted(run(run_on_fake_wan(cfg, reqs))[0], key=lambda r: r["id"])
+    assert first["pipeline"] == "rld-only" and first["status"] == "completed"
+    decision = second["reports"]["router"]
+    assert decision["router_hit_tokens"] >= 144 and decision["router_md_hit_tokens"] == 0
+    assert second["p_hit_rate"] >= 0.9 and second["md_hit_rate"] == 0.0  # as the mirrors said
+    assert second["pipeline"] == "p-rld-md", decision
+    assert all(v.match for v in verify_records([first, second], cfg.model))

@@ -67,3 +67,21 @@ def test_prefix_mirror_predicts_the_hit_of_p_cache_fed_the_same_prompts():
         expected = mirror.route(prompt)
         assert expected == p_cache.match(prompt).n_tokens
         p_cache.insert(prompt)
+
+
+def test_the_wan_time_counts_what_md_lacks_when_the_router_knows_it():
+    # P holds 16000 of 16384 tokens, MD none of them: the whole prompt crosses
+    p_only = RouteInputs(16384, 1000, 16000, 0, md_hit_tokens=0)
+    d = choose_pipeline(Mode.PDD, CFG, TIMING, p_only, 10.0)
+    assert d.pipeline == Pipeline.P_RLD_MD and d.expected_wan_s == pytest.approx(
+        expected_wan_s(16384, TIMING, 10.0, 0.1))
+    both = RouteInputs(16384, 1000, 16000, 0, md_hit_tokens=16000)
+    assert choose_pipeline(Mode.PDD, CFG, TIMING, both, 10.0).pipeline == Pipeline.P_MD
+
+
+def test_a_mirror_can_be_asked_without_recording():
+    m = PrefixMirror(16, 1024)
+    prompt = tuple(range(64))
+    assert m.hit(prompt) == 0 and m.hit(prompt) == 0  # asking does not insert
+    m.record(prompt)
+    assert m.hit(prompt + (1, 2)) == 64
