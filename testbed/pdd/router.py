@@ -58,6 +58,7 @@ class Routed:
     rld_freed: bool = False
     terminal: bool = False
     md_lost_sent: bool = False
+    md_prompt: tuple[int, ...] | None = None  # into MD's mirror once MD has the KV
     recovered: bool = False
     reports: set[Role] = field(default_factory=set)
 
@@ -123,8 +124,6 @@ class RouterNode(RoleServer):
         inputs = RouteInputs(len(req.prompt_token_ids), req.max_output_tokens, hit, active,
                              md_hit)
         d = choose_pipeline(self.cfg.mode, self.cfg.router, self.cfg.timing, inputs, self.wan.gbit)
-        if md_mirror is not None and d.pipeline != Pipeline.RLD_ONLY:
-            md_mirror.record(req.prompt_token_ids)  # MD's DRC inserts the prompt
         involved = {Role.PREFILL}
         if d.pipeline != Pipeline.P_MD:
             involved.add(Role.RELAY_DECODE)
@@ -132,6 +131,8 @@ class RouterNode(RoleServer):
             involved.add(Role.MAIN_DECODE)
         r = Routed(next(self._rids), client, client_rid, d.pipeline,
                    {role: names[role] for role in involved})
+        if md_mirror is not None and d.pipeline != Pipeline.RLD_ONLY:
+            r.md_prompt = tuple(req.prompt_token_ids)  # MD's DRC will insert it
         self.requests[r.rid] = r
         self._by_client[(id(client), client_rid)] = r
         info = {"pipeline": d.pipeline.value, "reason": d.reason,
@@ -153,6 +154,17 @@ class RouterNode(RoleServer):
         if p is None or not await p.send(r.rid, Request(req.prompt_token_ids,
                                                         req.max_output_tokens, meta)):
             await self._end(r, "prefill unavailable")
+
+    def _md_has_kv(self, r: Routed) -> None:
+        """MD holds the prompt's KV (its first token, or its transfer report):
+        its DRC inserted the prompt, so the mirror does too. Not earlier: a
+        next turn routed while the transfer is under way finds MD without it
+        (MD fetches it again)."""
+        if r.md_prompt is not None:
+            mirror = self._md_mirror(r.names.get(Role.MAIN_DECODE))
+            if mirror is not None:
+                mirror.record(r.md_prompt)
+            r.md_prompt = None
 
     def _md_mirror(self, md: str | None) -> PrefixMirror | None:
         if md is None:
@@ -178,6 +190,7 @@ class RouterNode(RoleServer):
                 r.rld_tokens[msg.start_position:] = msg.token_ids
             else:
                 r.md_emitted = True
+                self._md_has_kv(r)
             await r.client.send(r.client_rid, msg)
         elif isinstance(msg, Done):
             await r.client.send(r.client_rid, msg)
@@ -198,6 +211,7 @@ class RouterNode(RoleServer):
             self.rld_active[name] = max(0, self.rld_active.get(name, 0) - 1)
         if msg.role == Role.MAIN_DECODE and "kv_transfer_s" in msg.data:
             self.wan.add(int(msg.data.get("kv_wan_bytes", 0)), float(msg.data["kv_transfer_s"]))
+            self._md_has_kv(r)
         await r.client.send(r.client_rid, msg)
         if r.terminal and r.reports >= set(r.names):
             self._forget(r)

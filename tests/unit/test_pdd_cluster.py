@@ -118,3 +118,21 @@ def test_the_router_judges_the_wan_by_what_md_lacks_not_what_p_holds():
     assert second["p_hit_rate"] >= 0.9 and second["md_hit_rate"] == 0.0  # as the mirrors said
     assert second["pipeline"] == "p-rld-md", decision
     assert all(v.match for v in verify_records([first, second], cfg.model))
+
+
+def test_a_turn_routed_while_md_still_receives_the_prefix_counts_it_missing():
+    """MD's DRC has a prefix only once its KV arrived: a next turn routed
+    before that finds MD without it (and MD fetches it again), so the
+    router's MD mirror must not count it yet."""
+    import random
+
+    from testbed.pdd.client_record import ClientRequest
+
+    rng = random.Random(9)
+    base = tuple(rng.randrange(512) for _ in range(128))
+    reqs = [ClientRequest(0, 0.0, base, 60, "s1"),  # low hit: relay, WAN transfer ~0.2 s
+            ClientRequest(1, 0.01, base + tuple(rng.randrange(512) for _ in range(8)), 60, "s1")]
+    first, second = sorted(run(run_on_fake_wan(small_config(), reqs))[0], key=lambda r: r["id"])
+    assert first["pipeline"] == "p-rld-md"
+    assert second["reports"]["router"]["router_md_hit_tokens"] == 0
+    assert second["md_hit_rate"] == 0.0 and second["pipeline"] == "p-rld-md"
