@@ -137,7 +137,8 @@ class RouterNode(RoleServer):
         self._by_client[(id(client), client_rid)] = r
         info = {"pipeline": d.pipeline.value, "reason": d.reason,
                 "expected_wan_s": d.expected_wan_s,
-                "router_hit_tokens": hit, "router_md_hit_tokens": md_hit, "wan_gbit": self.wan.gbit, "rld_active": active,
+                "router_hit_tokens": hit, "router_md_hit_tokens": md_hit,
+                "wan_gbit": self.wan.gbit, "rld_active": active,
                 "roles": sorted(role.name for role in involved), "mode": self.cfg.mode.value}
         self.decisions.append(dict(info, rid=r.rid))
         await client.send(client_rid, Report(Role.ROUTER, self.name, info))
