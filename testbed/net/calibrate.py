@@ -49,7 +49,7 @@ class Check:
     unit: str
     tolerance: float        # absolute, in unit
     passed: bool | None = None
-    note: str = ""          # why a figure could not be measured
+    note: str = ""          # why a figure is missing, or the attempts behind it
 
     def judge(self) -> "Check":
         self.passed = None if self.measured is None else \

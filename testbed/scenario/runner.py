@@ -92,8 +92,7 @@ def preflight(net, tol_ms: float = PREFLIGHT_RTT_TOL_MS) -> dict:
 
 
 def run_mode(sc: Scenario, mode: ModeRun, plan_args: dict, out: Path,
-             ready_timeout_s: float = 60.0,
-             preflight_tol_ms: float = PREFLIGHT_RTT_TOL_MS) -> None:
+             ready_timeout_s: float, preflight_tol_ms: float) -> None:
     from testbed.scenario.roles import start_roles
     from testbed.workload import build_workload
 

@@ -104,7 +104,7 @@ def test_nothing_runs_when_the_vm_is_down_or_the_run_directory_is_outside(stand_
 
 
 @pytest.mark.skipif(shutil.which("ruby") is None, reason="needs ruby (apt install ruby)")
-def test_the_vagrantfile_parses_and_provisions_with_the_shared_setup():
+def test_the_vagrantfile_parses_and_its_provisioning_calls_the_shared_setup():
     vf = REPO / "vagrant" / "Vagrantfile"
     r = subprocess.run(["ruby", "-c", str(vf)], capture_output=True, text=True, timeout=30)
     assert r.returncode == 0 and "Syntax OK" in r.stdout, r.stderr

@@ -19,7 +19,10 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -102,10 +105,6 @@ def _qemu_pids_for(results) -> list[int]:
 
 
 def test_sigterm_to_the_harness_stops_its_guest(tmp_path):
-    import signal
-    import sys
-    import time
-
     results = tmp_path / "t"
     proc = subprocess.Popen([sys.executable, "-m", "testbed.vm", "run", "--results",
                              str(results), "--", "sleep", "120"],
