@@ -98,17 +98,24 @@ def cmd_calibrate(args) -> int:
     return 0 if out["passed"] else 1
 
 
+def _run_options(args, out, dry_run: bool = False):
+    from testbed.scenario.runner import RunOptions
+
+    return RunOptions(out, args.seed, args.scale,
+                      None if args.backend == "auto" else args.backend, dry_run,
+                      args.ready_timeout_s, args.preflight_tol_ms)
+
+
 def cmd_run(args) -> int:
     from pathlib import Path
 
-    from testbed.scenario.runner import RunOptions, run_scenario
+    from testbed.scenario.runner import run_scenario
     from testbed.spec.scenario import load_scenario
 
     sc = load_scenario(args.scenario)
     out = Path(args.out) if args.out else Path("runs") / \
         f"{sc.name}-{__import__('time').strftime('%Y%m%d-%H%M%S')}"
-    opts = RunOptions(out, args.seed, args.scale, None if args.backend == "auto" else args.backend,
-                      args.dry_run, args.ready_timeout_s, args.preflight_tol_ms)
+    opts = _run_options(args, out, args.dry_run)
     if args.dry_run:
         from testbed.scenario.dryrun import describe
 
@@ -120,6 +127,26 @@ def cmd_run(args) -> int:
     print(summary_table(summary))
     print(f"report: {out / 'report.md'}")
     return 0 if summary["passed"] else 1
+
+
+def cmd_suite(args) -> int:
+    import time
+    from pathlib import Path
+
+    from testbed.scenario import runner
+    from testbed.scenario.suite import (collect_paths, load_all, run_suite, select,
+                                        suite_overview)
+
+    scenarios, skipped = select(load_all(collect_paths(args.paths)), args.only, args.skip)
+    out = Path(args.out) if args.out else Path("runs") / f"suite-{time.strftime('%Y%m%d-%H%M%S')}"
+    suite = run_suite(scenarios, _run_options(args, out), runner.run_scenario,
+                      Path(args.junit) if args.junit else None, skipped)
+    print(suite_overview(suite))
+    print(f"suite: {out / 'suite.md'}" + (f", {args.junit}" if args.junit else ""))
+    if suite.interrupted:
+        print(f"testbed: interrupted; the network was torn down; what finished is in "
+              f"{out / 'suite.json'}", file=sys.stderr)
+    return suite.exit_code
 
 
 def cmd_report(args) -> int:
@@ -189,6 +216,17 @@ def _net_args(p, topology: bool = True) -> None:
     p.add_argument("--scale", type=float, default=None, help="bandwidth scale k (default: auto)")
 
 
+def _run_args(p) -> None:
+    """The options ``run`` and ``suite`` pass to every scenario (RunOptions)."""
+    p.add_argument("--seed", type=int)
+    p.add_argument("--scale", type=float, help="bandwidth scale k (default: scenario or auto)")
+    p.add_argument("--backend", choices=("auto", "netem", "userspace"), default="auto")
+    p.add_argument("--ready-timeout-s", type=float, default=60.0,
+                   help="how long each role may take to start (a qemu guest: 900)")
+    p.add_argument("--preflight-tol-ms", type=float, default=3.0,
+                   help="WAN RTT tolerance of the preflight ping (a qemu guest: 10)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="testbed", description=__doc__.splitlines()[0])
     ap.add_argument("-v", "--verbose", action="store_true")
@@ -218,15 +256,22 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="run a scenario: every mode, faults, report")
     p.add_argument("scenario")
     p.add_argument("--out", help="run directory (default runs/NAME-TIME)")
-    p.add_argument("--seed", type=int)
-    p.add_argument("--scale", type=float, help="bandwidth scale k (default: scenario or auto)")
-    p.add_argument("--backend", choices=("auto", "netem", "userspace"), default="auto")
+    _run_args(p)
     p.add_argument("--dry-run", action="store_true", help="print the plan, build nothing")
-    p.add_argument("--ready-timeout-s", type=float, default=60.0,
-                   help="how long each role may take to start (a qemu guest: 900)")
-    p.add_argument("--preflight-tol-ms", type=float, default=3.0,
-                   help="WAN RTT tolerance of the preflight ping (a qemu guest: 10)")
     p.set_defaults(func=cmd_run)
+    p = sub.add_parser("suite", help="run many scenarios one after another: verdict matrix, "
+                       "suite.json, suite.md, JUnit XML")
+    p.add_argument("paths", nargs="*", default=["scenarios"],
+                   help="scenario files and/or directories (their *.yaml); default scenarios/")
+    p.add_argument("--out", help="suite directory, a run directory per scenario in it "
+                   "(default runs/suite-TIME)")
+    p.add_argument("--junit", help="also write JUnit XML to this file")
+    p.add_argument("--only", action="append", default=[], metavar="NAME",
+                   help="run only this scenario (repeatable)")
+    p.add_argument("--skip", action="append", default=[], metavar="NAME",
+                   help="leave this scenario out (repeatable)")
+    _run_args(p)
+    p.set_defaults(func=cmd_suite)
     p = sub.add_parser("report", help="re-render summary.json, report.md and plots")
     p.add_argument("run_dir")
     p.set_defaults(func=cmd_report)
