@@ -9,8 +9,16 @@ makes the line of requests.jsonl with the fields of docs/pdd-roles.md:
   status, reason, t_sent, ttft_s, e2e_s, tokens [[position, id, t_rel_s,
   producer]], tokens_lost, tokens_duplicated, handoff {mode, batches,
   stall_ms}, bytes {kv_intra, kv_wan, handoff, tokens}, overruns
-  {steps, kv_bytes}, plus ``prompt`` (for ``verify``) and ``reports`` (raw
+  {steps, kv_bytes}, kv_at_md {predicted_s, actual_s, predicted_wan_s,
+  actual_wan_s}, plus ``prompt`` (for ``verify``) and ``reports`` (raw
   REPORT data by role, for debugging).
+
+``kv_at_md``: when MD held the request's KV, as the router predicted it at
+routing and as it happened (MD's KV_DONE), both in seconds after routing
+(``t_route``; every role process of a run reads the same system-wide
+monotonic clock); ``*_wan_s`` the same from P's prefill end (the router's
+predicted prefill end; P's reported one). None where a part is missing
+(no WAN path, the transfer was cancelled).
 
 Status: ``completed`` only if DONE arrived and every position in
 [0, max_out) arrived exactly once; otherwise ``failed`` with the first
@@ -117,6 +125,22 @@ class RequestTrace:
         final = self.reports.get("RLD", {}).get("pipeline_final")
         return final or self.reports.get("router", {}).get("pipeline")
 
+    def kv_at_md(self) -> dict:
+        router, p, md = (self.reports.get(k, {}) for k in ("router", "P", "MD"))
+        t_route, pred = router.get("t_route"), router.get("predicted_kv_at_md_s")
+        done, p_end = md.get("t_kv_done"), p.get("t_prefill_end")
+        out = {"predicted_s": None, "actual_s": None, "predicted_wan_s":
+               router.get("predicted_wan_s"), "actual_wan_s": None}
+        if "MAIN_DECODE" not in router.get("roles", []) or t_route is None:
+            return dict(out, predicted_wan_s=None)
+        if pred is not None:
+            out["predicted_s"] = round(pred - t_route, 6)
+        if done is not None:
+            out["actual_s"] = round(done - t_route, 6)
+            if p_end is not None:
+                out["actual_wan_s"] = round(done - p_end, 6)
+        return out
+
     def record(self, mode: str, handoff_mode: str) -> dict:
         """The requests.jsonl line of this request."""
         status, reason = self._status()
@@ -138,5 +162,6 @@ class RequestTrace:
                       "handoff": rld.get("handoff_bytes", 0), "tokens": self.token_bytes},
             "overruns": {"steps": sum(int(r.get("overruns", 0)) for r in (p, rld, md)),
                          "kv_bytes": p.get("kv_overrun_bytes", 0)},
+            "kv_at_md": self.kv_at_md(),
             "prompt": list(self.req.prompt), "reports": self.reports,
         }

@@ -101,23 +101,30 @@ class RelayConfig:
 @dataclass(frozen=True)
 class MainConfig:
     drc_capacity_tokens: int = _f(65536, "MD's decode-side radix cache capacity", lo=0)
+    wan_status_interval_s: float = _f(0.05, "how often MD tells the router the KV bytes it "
+                                      "received and what each transfer still misses", lo=0.005)
 
 
 @dataclass(frozen=True)
 class RouterConfig:
-    relay_threshold_s: float = _f(0.5, "pdd: p-rld-md when expected WAN KV time >= this", lo=0.0)
-    rld_max_active: int = _f(64, "pdd: p-md when RLD already holds this many requests", lo=0)
+    relay_threshold_s: float = _f(0.5, "pdd: p-rld-md when the predicted WAN KV time (prefill "
+                                  "end -> KV at MD) >= this", lo=0.0)
+    rld_max_active: int = _f(0, "pdd: RLD takes at most this many requests; 0: only the "
+                             "cost model's budget (batch and KV memory)", lo=0)
+    rld_step_budget_ms: float = _f(50.0, "RLD's batch is capped where its modeled decode step "
+                                   "(unscaled) would exceed this", lo=1.0)
     anomalous_filter: bool = _f(True, "long input + short output -> rld-only (no WAN)")
     anomalous_min_input_tokens: int = _f(32768, "anomalous filter: modeled prompt length "
                                          "(tokens x token_scale) >=", lo=1)
     anomalous_max_output_tokens: int = _f(500, "anomalous filter: max output <", lo=1)
-    wan_prior_gbit: float = _f(10.0, "WAN estimate before MD's first report, nominal Gbit/s",
-                               lo=1e-9)
-    wan_rtt_s: float = _f(0.1, "WAN round-trip time added to the expected KV time", lo=0.0)
-    wan_ewma_alpha: float = _f(0.3, "weight of a new MD rate sample in the estimate",
-                               lo=0.0, hi=1.0)
-    wan_sample_min_bytes: int = _f(65536, "smaller transfers are not used as rate samples",
-                                   lo=0)
+    wan_prior_gbit: float = _f(10.0, "WAN capacity before MD's first busy interval, nominal "
+                               "Gbit/s", lo=1e-9)
+    wan_rtt_s: float = _f(0.1, "WAN round-trip time before the first probe", lo=0.0)
+    wan_window_min_s: float = _f(0.2, "capacity = max of MD's busy-interval rates over "
+                                 "max(this, wan_window_rtts x RTT)", lo=0.01)
+    wan_window_rtts: float = _f(5.0, "capacity window in RTTs (see wan_window_min_s)", lo=0.0)
+    rtt_probe_interval_s: float = _f(0.1, "the router pings each MD this often", lo=0.01)
+    rtt_window_s: float = _f(2.0, "RTT = min of the probes of this window", lo=0.01)
 
 
 @dataclass(frozen=True)

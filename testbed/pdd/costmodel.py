@@ -43,14 +43,17 @@ class ChipProfile:
     mem_bw_tbs: float = field(metadata={"help": "HBM bandwidth per chip, TB/s"})
     compute_eff: float = field(default=0.45, metadata={"help": "achieved fraction of peak FLOPs"})
     mem_eff: float = field(default=0.75, metadata={"help": "achieved fraction of HBM bandwidth"})
+    hbm_gb: float = field(default=80.0, metadata={"help": "device memory per chip, GB"})
     pass_overhead_ms: float = field(default=3.0, metadata={
         "help": "fixed cost per forward pass: launches, TP all-reduce latency, scheduler"})
 
 
 # H100-class compute with lower bandwidth: good at prefill.
-GPU_A = ChipProfile("GPU-A", peak_tflops=990.0, mem_bw_tbs=3.35, compute_eff=0.45, mem_eff=0.70)
+GPU_A = ChipProfile("GPU-A", peak_tflops=990.0, mem_bw_tbs=3.35, compute_eff=0.45, mem_eff=0.70,
+                    hbm_gb=80.0)
 # H20/H200-class: modest compute, high bandwidth: good at decode.
-GPU_B = ChipProfile("GPU-B", peak_tflops=400.0, mem_bw_tbs=4.8, compute_eff=0.45, mem_eff=0.75)
+GPU_B = ChipProfile("GPU-B", peak_tflops=400.0, mem_bw_tbs=4.8, compute_eff=0.45, mem_eff=0.75,
+                    hbm_gb=141.0)
 
 
 @dataclass(frozen=True)
@@ -136,6 +139,26 @@ class CostModel:
             return 0.0
         total_context *= self.token_scale
         return self._roofline_s(batch, total_context + batch, total_context)
+
+    def kv_capacity_tokens(self, usable_frac: float = 0.9) -> int:
+        """Modeled tokens of KV the instance holds: usable device memory minus the weights.
+
+        Example: ``CostModel(GPU_A).kv_capacity_tokens()`` (4 x 80 GB: ~2.9M tokens).
+        """
+        free = self.n_chips * self.chip.hbm_gb * 1e9 * usable_frac - self.model.weight_bytes
+        return max(0, int(free / self.model.kv_bytes_per_token))
+
+    def max_batch(self, context_tokens: int, step_budget_s: float, limit: int = 4096) -> int:
+        """The largest decode batch of requests of ``context_tokens`` (real, scaled by
+        token_scale) whose step stays within ``step_budget_s``; 0 if even one does not."""
+        lo, hi = 0, limit
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.decode_step_s(mid, mid * context_tokens) <= step_budget_s:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
 
     def extend_s(self, n_tokens: int, n_context: int) -> float:
         """Extend-decode of n_tokens handed-over token ids on n_context cached tokens, one pass.

@@ -20,6 +20,15 @@ Request lifecycle at MD (docs/pdd-roles.md, steps 4-7):
 
 If P's connection closes while MD still waits for KV, MD reports the loss
 with ERROR(UNAVAILABLE) for each such request and drops it.
+
+WAN status (for the router's ``WanModel``): every
+``main.wan_status_interval_s`` MD sends the router a REPORT with request
+id 0: ``{"kind": "wan", "interval_s", "rx_bytes"`` (bytes read from P's
+connections in the interval, wire units), ``"busy"`` (a KV transfer was
+receiving chunks throughout the interval, so the rate is what the path
+gave, not what the workload offered), ``"pending": {rid: wire bytes still
+missing}, "kv_done": [rids whose KV completed in the interval]}``. Nothing is sent while no transfer is pending and nothing
+arrived.
 """
 
 from __future__ import annotations
@@ -53,6 +62,7 @@ class MainState:
     cache: KVCache
     handoff: MainHandoff
     t_need: float = 0.0
+    expected_wire: int = 0  # KV_CHUNK payload bytes of [start, n): what P will send
     kv_done: bool = False
     batches: list[tuple[Peer, Handoff]] = field(default_factory=list)  # waiting for the KV
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -79,10 +89,35 @@ class MainDecodeNode(RoleServer):
         self.states: dict[int, MainState] = {}
         self.cancelled: set[int] = set()
         self.early: dict[int, list[tuple[Peer, Handoff]]] = {}  # HANDOFFs before the REQUEST
+        self._kv_sources: dict[int, Peer] = {}  # P connections, by id
+        self._receiving: set[int] = set()  # rids with chunks arriving, KV_DONE not yet
+        self._busy_all_interval = False
+        self._rx_mark = 0
+        self._kv_done_ids: list[int] = []  # transfers completed since the last status
 
     async def on_start(self) -> None:
         self.decoder.start()
         self.warm([i.name for i in self.cfg.of_role(Role.RELAY_DECODE)])
+        self.spawn(self._wan_status_loop(), "wan status")
+
+    async def _wan_status_loop(self) -> None:
+        interval = self.cfg.main.wan_status_interval_s
+        t_last = time.monotonic()
+        while True:
+            await asyncio.sleep(interval)
+            now = time.monotonic()
+            rx = sum(p.conn.bytes_received for p in self._kv_sources.values())
+            delta, self._rx_mark = rx - self._rx_mark, rx
+            pending = {str(st.rid): max(0, st.expected_wire - st.report["kv_wan_bytes"])
+                       for st in self.states.values() if st.t_need and not st.kv_done}
+            busy = self._busy_all_interval
+            self._busy_all_interval = bool(self._receiving)
+            done, self._kv_done_ids = self._kv_done_ids, []
+            if (pending or delta or done) and self.router is not None:
+                data = {"kind": "wan", "interval_s": now - t_last, "rx_bytes": delta,
+                        "busy": busy, "pending": pending, "kv_done": done}
+                await self.router.send(0, Report(Role.MAIN_DECODE, self.name, data))
+            t_last = now
 
     async def on_stop(self) -> None:
         await self.decoder.stop()
@@ -120,8 +155,16 @@ class MainDecodeNode(RoleServer):
         st.report.update(md_hit_rate=hit.n_tokens / len(req.prompt_token_ids),
                          drc_hit_tokens=hit.n_tokens)
         self.states[rid] = st
+        self._kv_sources[id(peer)] = peer
+        st.expected_wire = self._expected_wire(hit.n_tokens, len(req.prompt_token_ids))
         st.t_need = time.monotonic()
         await peer.send(rid, KvNeed(hit.n_tokens, len(req.prompt_token_ids)))
+
+    def _expected_wire(self, start: int, n: int) -> int:
+        """Payload bytes of the KV_CHUNKs of [start, n) (modeled sizes, P's chunking)."""
+        step = self.cfg.prefill.kv_chunk_tokens
+        return sum(self.cfg.timing.modeled_kv_bytes(min(n, s + step) - s)
+                   for s in range(start, n, step))
 
     def _on_chunk(self, st: MainState, msg: KvChunk) -> None:
         seg = decode_kv(msg.data)
@@ -131,6 +174,7 @@ class MainDecodeNode(RoleServer):
         st.cache.append(seg)
         st.report["kv_wan_bytes"] += chunk_frame_bytes(msg)
         st.report["kv_chunks"] += 1
+        self._receiving.add(st.rid)
 
     async def _on_kv_done(self, st: MainState, msg: KvDone) -> None:
         prompt = st.request.prompt_token_ids
@@ -140,7 +184,9 @@ class MainDecodeNode(RoleServer):
         bs = self.cfg.prefill.block_size
         self.drc.insert(prompt, block_segments(st.cache, len(prompt), bs))
         st.kv_done = True
-        st.report.update(kv_transfer_s=time.monotonic() - st.t_need,
+        self._kv_done_ids.append(st.rid)
+        self._not_receiving(st.rid)
+        st.report.update(kv_transfer_s=time.monotonic() - st.t_need, t_kv_done=time.monotonic(),
                          drc_hit_rate=self.drc.stats.hit_rate)
         if st.pipeline == Pipeline.P_MD:
             await self._start_decoding(st, 0, st.handoff.first_token)
@@ -228,9 +274,15 @@ class MainDecodeNode(RoleServer):
         if self.router is not None:
             await self.router.send(rid, msg)
 
+    def _not_receiving(self, rid: int) -> None:
+        self._receiving.discard(rid)
+        if not self._receiving:
+            self._busy_all_interval = False  # an idle moment: this interval is not busy
+
     async def _free(self, st: MainState, extra: dict) -> None:
         if self.states.pop(st.rid, None) is None:
             return
+        self._not_receiving(st.rid)
         self.decoder.leave(st.rid)
         h = st.handoff
         report = dict(st.report, **extra, handoff_mismatches=h.mismatches,

@@ -6,15 +6,22 @@ sends TOKENS, DONE, ERROR and REPORT back on it). Per request:
 
 1. client REQUEST(prompt, max_out, {id, session}) -> a router request id;
    P's expected hit and the chosen MD's expected DRC hit from the router's
-   prefix mirrors; ``routing.choose_pipeline``
-   picks the pipeline; the router REPORTs its decision to the client
-   (``pipeline``, ``reason``, ``expected_wan_s``, ``roles``) and sends P the
-   REQUEST with metadata {pipeline, rld, md}.
+   prefix mirrors; P's expected prefill end (its FIFO queue, modeled
+   prefill times); the WAN time predicted by ``wan_model.WanModel`` for
+   what MD lacks, behind the KV already committed to the WAN; RLD's room
+   (``routing.RldBudget``); ``routing.choose_pipeline`` picks the pipeline.
+   The router REPORTs the decision with every input and the prediction to
+   the client (the decision record: ``pipeline``, ``reason``, ``t_route``,
+   ``predicted_wan_s``, ``predicted_kv_at_md_s``, backlog, capacity, RTT,
+   RLD load, ``roles``) and sends P the REQUEST with metadata {pipeline, rld, md}.
 2. TOKENS, DONE, ERROR and REPORT from the roles are forwarded to the client
    under the client's request id. The router keeps every token id RLD
-   emitted (for RLD loss), counts RLD's live requests (+1 when routed, -1 at
-   RLD's REPORT, which RLD sends when it frees the request) and feeds MD's
-   transfer reports to the WAN estimate.
+   emitted (for RLD loss), counts RLD's live requests and their modeled KV
+   tokens (+ when routed, - at RLD's REPORT, which RLD sends when it frees
+   the request). The WAN model is fed by MD's WAN status (request id 0,
+   every ``main.wan_status_interval_s``: KV bytes received, busy or not,
+   what each transfer still misses), by the router's HEALTH probes to each
+   MD (RTT), and by the end of each transfer (MD's first token or REPORT).
 3. At DONE (or a failure) every role of the pipeline gets CANCEL (roles
    ignore ids they no longer hold), so P stops a useless WAN transfer and MD
    drops a request RLD finished.
@@ -30,14 +37,17 @@ ERROR to the client with the reason.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import time
 from dataclasses import dataclass, field
 
 from testbed.pdd.config import ClusterConfig, Pipeline
 from testbed.pdd.peers import Peer, RoleServer
-from testbed.pdd.protocol import (Cancel, Done, Error, ErrorCode, Frame, Handoff, Report, Request,
-                                  Role, Tokens)
-from testbed.pdd.routing import PrefixMirror, RouteInputs, WanEstimate, choose_pipeline
+from testbed.pdd.protocol import (Cancel, Done, Error, ErrorCode, Frame, Handoff, Health,
+                                  HealthAck, Report, Request, Role, Tokens)
+from testbed.pdd.routing import PrefixMirror, RldBudget, RouteInputs, choose_pipeline
+from testbed.pdd.wan_model import WanModel
 from testbed.pdd.transport import Transport
 
 RECOVERY_BATCH = 1000  # batch number of the router's HANDOFF after RLD loss
@@ -61,6 +71,7 @@ class Routed:
     md_prompt: tuple[int, ...] | None = None  # into MD's mirror once MD has the KV
     recovered: bool = False
     reports: set[Role] = field(default_factory=set)
+    rld_tokens_held: int = 0  # modeled KV tokens counted against RLD's budget
 
 
 class RouterNode(RoleServer):
@@ -72,7 +83,15 @@ class RouterNode(RoleServer):
         super().__init__(cfg, name, transport)
         self.mirror = PrefixMirror(cfg.prefill.block_size, cfg.prefill.cache_capacity_tokens)
         self.md_mirrors: dict[str, PrefixMirror] = {}  # per MD instance: its DRC
-        self.wan = WanEstimate(cfg.router, cfg.timing.kv_scale_k)
+        rc = cfg.router
+        self.wan = WanModel(rc.wan_prior_gbit, rc.wan_rtt_s, window_min_s=rc.wan_window_min_s,
+                            window_rtts=rc.wan_window_rtts, rtt_window_s=rc.rtt_window_s)
+        self.rld_budget = RldBudget.of(cfg.timing.cost(Role.RELAY_DECODE), rc,
+                                       cfg.model.max_context)
+        self.rld_held: dict[str, int] = {}  # modeled KV tokens per RLD
+        self.p_free_at: dict[str, float] = {}  # P's expected end of its queued prefills
+        self._pings: dict[int, float] = {}  # HEALTH nonce -> send time
+        self._nonces = itertools.count(1)
         self.requests: dict[int, Routed] = {}
         self._by_client: dict[tuple[int, int], Routed] = {}
         self._rids = itertools.count(1)
@@ -86,6 +105,21 @@ class RouterNode(RoleServer):
             for inst in self.cfg.of_role(role):
                 await self.peer(inst.name)  # ConnectionClosed if it does not come up
                 self.rld_active.setdefault(inst.name, 0)
+        for inst in self.cfg.of_role(Role.MAIN_DECODE):
+            self.spawn(self._probe_rtt(inst.name), f"rtt {inst.name}")
+
+    async def _probe_rtt(self, md: str) -> None:
+        """HEALTH to ``md`` every ``rtt_probe_interval_s``; the ACK is an RTT sample."""
+        while True:
+            peer = await self.peer_if_live(md)
+            if peer is not None:
+                nonce = next(self._nonces)
+                self._pings[nonce] = time.monotonic()
+                await peer.send(0, Health(nonce))
+            if len(self._pings) > 1000:  # unanswered probes (MD gone): forget the oldest
+                for n in sorted(self._pings)[:500]:
+                    del self._pings[n]
+            await asyncio.sleep(self.cfg.router.rtt_probe_interval_s)
 
     def _pick(self, role: Role) -> str | None:
         live = [i.name for i in self.cfg.of_role(role) if i.name not in self.dead]
@@ -100,6 +134,21 @@ class RouterNode(RoleServer):
                 await self._end(self._by_client[peer_id], None)
         elif peer.role in _ROLES and rid in self.requests:
             await self._from_role(peer, self.requests[rid], msg)
+        elif isinstance(msg, HealthAck) and msg.nonce in self._pings:
+            now = time.monotonic()
+            self.wan.add_rtt_sample(now, now - self._pings.pop(msg.nonce))
+        elif isinstance(msg, Report) and rid == 0 and peer.role == Role.MAIN_DECODE:
+            self._on_wan_status(msg.data)
+
+    def _on_wan_status(self, data: dict) -> None:
+        """MD's WAN status: a capacity sample, and what each transfer still misses."""
+        k, now = self.cfg.timing.kv_scale_k, time.monotonic()
+        self.wan.add_rate_sample(now, float(data["rx_bytes"]) * k, float(data["interval_s"]),
+                                 bool(data["busy"]))
+        for rid, remaining in data.get("pending", {}).items():
+            self.wan.progress(int(rid), float(remaining) * k, now)
+        for rid in data.get("kv_done", []):
+            self.wan.done(int(rid))
 
     def _invalid(self, req: Request) -> str | None:
         """Why the tiny model cannot serve ``req`` (checked before routing), or None."""
@@ -117,29 +166,9 @@ class RouterNode(RoleServer):
             await client.send(client_rid, Error(ErrorCode.PROTOCOL, f"rejected: {why}"))
             return
         names = {role: self._pick(role) for role in _ROLES}
-        hit = self.mirror.route(req.prompt_token_ids)
-        md_mirror = self._md_mirror(names[Role.MAIN_DECODE])
-        md_hit = None if md_mirror is None else md_mirror.hit(req.prompt_token_ids)
-        active = self.rld_active.get(names[Role.RELAY_DECODE], 0)
-        inputs = RouteInputs(len(req.prompt_token_ids), req.max_output_tokens, hit, active,
-                             md_hit)
-        d = choose_pipeline(self.cfg.mode, self.cfg.router, self.cfg.timing, inputs, self.wan.gbit)
-        involved = {Role.PREFILL}
-        if d.pipeline != Pipeline.P_MD:
-            involved.add(Role.RELAY_DECODE)
-        if d.pipeline != Pipeline.RLD_ONLY:
-            involved.add(Role.MAIN_DECODE)
-        r = Routed(next(self._rids), client, client_rid, d.pipeline,
-                   {role: names[role] for role in involved})
-        if md_mirror is not None and d.pipeline != Pipeline.RLD_ONLY:
-            r.md_prompt = tuple(req.prompt_token_ids)  # MD's DRC will insert it
+        r, info = self._decide(client, client_rid, req, names)
         self.requests[r.rid] = r
         self._by_client[(id(client), client_rid)] = r
-        info = {"pipeline": d.pipeline.value, "reason": d.reason,
-                "expected_wan_s": d.expected_wan_s,
-                "router_hit_tokens": hit, "router_md_hit_tokens": md_hit,
-                "wan_gbit": self.wan.gbit, "rld_active": active,
-                "roles": sorted(role.name for role in involved), "mode": self.cfg.mode.value}
         self.decisions.append(dict(info, rid=r.rid))
         await client.send(client_rid, Report(Role.ROUTER, self.name, info))
         missing = [role.name for role, n in r.names.items() if n is None]
@@ -149,18 +178,68 @@ class RouterNode(RoleServer):
         if r.names.get(Role.RELAY_DECODE):
             rld = r.names[Role.RELAY_DECODE]
             self.rld_active[rld] = self.rld_active.get(rld, 0) + 1
-        meta = dict(req.metadata, pipeline=d.pipeline.value, rld=names[Role.RELAY_DECODE],
+            self.rld_held[rld] = self.rld_held.get(rld, 0) + r.rld_tokens_held
+        meta = dict(req.metadata, pipeline=r.pipeline.value, rld=names[Role.RELAY_DECODE],
                     md=names[Role.MAIN_DECODE])
         p = await self.peer_if_live(r.names[Role.PREFILL])
         if p is None or not await p.send(r.rid, Request(req.prompt_token_ids,
                                                         req.max_output_tokens, meta)):
             await self._end(r, "prefill unavailable")
 
+    def _decide(self, client: Peer, client_rid: int, req: Request,
+                names: dict) -> tuple[Routed, dict]:
+        """The pipeline of ``req`` and its decision record (every input, the prediction)."""
+        now, cfg, timing = time.monotonic(), self.cfg, self.cfg.timing
+        prompt, n = req.prompt_token_ids, len(req.prompt_token_ids)
+        hit = self.mirror.route(prompt)
+        md_mirror = self._md_mirror(names[Role.MAIN_DECODE])
+        md_hit = hit if md_mirror is None else md_mirror.hit(prompt)
+        p_name = names[Role.PREFILL]
+        prefill_s = timing.cost(Role.PREFILL).prefill_s(n - hit, hit) * timing.time_scale
+        p_start = max(now, self.p_free_at.get(p_name, now))
+        p_end = p_start + prefill_s
+        wan_bytes = (n - md_hit) * timing.token_scale * timing.kv_bytes_per_token
+        pred = self.wan.predict(now, wan_bytes, p_end)
+        rld = names[Role.RELAY_DECODE]
+        active = self.rld_active.get(rld, 0)
+        held = n * timing.token_scale + req.max_output_tokens
+        room = self.rld_budget.room(active, self.rld_held.get(rld, 0), held)
+        step = timing.cost(Role.RELAY_DECODE).decode_step_s(active + 1, (active + 1) * n)
+        rld_decode_s = req.max_output_tokens * step * timing.time_scale
+        d = choose_pipeline(cfg.mode, cfg.router, timing,
+                            RouteInputs(n, req.max_output_tokens, pred.wan_s, rld_decode_s, room))
+        involved = {Role.PREFILL}
+        if d.pipeline != Pipeline.P_MD:
+            involved.add(Role.RELAY_DECODE)
+        if d.pipeline != Pipeline.RLD_ONLY:
+            involved.add(Role.MAIN_DECODE)
+        r = Routed(next(self._rids), client, client_rid, d.pipeline,
+                   {role: names[role] for role in involved})
+        if p_name is not None:
+            self.p_free_at[p_name] = p_end
+        if Role.RELAY_DECODE in involved:
+            r.rld_tokens_held = held
+        if Role.MAIN_DECODE in involved:
+            self.wan.commit(r.rid, wan_bytes, p_end)
+            if md_mirror is not None:
+                r.md_prompt = tuple(prompt)  # MD's DRC will insert it
+        info = {"pipeline": d.pipeline.value, "reason": d.reason, "t_route": round(now, 6),
+                **pred.as_dict(), "predicted_prefill_end_s": round(p_end, 6),
+                "predicted_prefill_s": round(prefill_s, 6), "wan_nominal_bytes": wan_bytes,
+                "router_hit_tokens": hit, "router_md_hit_tokens": md_hit,
+                "rld_active": active, "rld_held_tokens": self.rld_held.get(rld, 0),
+                "rld_budget": {"max_batch": self.rld_budget.max_batch,
+                               "kv_tokens": self.rld_budget.kv_tokens},
+                "rld_decode_s": round(rld_decode_s, 6),
+                "roles": sorted(role.name for role in involved), "mode": cfg.mode.value}
+        return r, info
+
     def _md_has_kv(self, r: Routed) -> None:
         """MD holds the prompt's KV (its first token, or its transfer report):
         its DRC inserted the prompt, so the mirror does too. Not earlier: a
         next turn routed while the transfer is under way finds MD without it
         (MD fetches it again)."""
+        self.wan.done(r.rid)
         if r.md_prompt is not None:
             mirror = self._md_mirror(r.names.get(Role.MAIN_DECODE))
             if mirror is not None:
@@ -210,9 +289,11 @@ class RouterNode(RoleServer):
             r.rld_freed = True
             name = r.names[Role.RELAY_DECODE]
             self.rld_active[name] = max(0, self.rld_active.get(name, 0) - 1)
-        if msg.role == Role.MAIN_DECODE and "kv_transfer_s" in msg.data:
-            self.wan.add(int(msg.data.get("kv_wan_bytes", 0)), float(msg.data["kv_transfer_s"]))
-            self._md_has_kv(r)
+            self.rld_held[name] = max(0, self.rld_held.get(name, 0) - r.rld_tokens_held)
+        if msg.role == Role.MAIN_DECODE:
+            self.wan.done(r.rid)  # the transfer ended (KV at MD, or cancelled)
+            if "kv_transfer_s" in msg.data:
+                self._md_has_kv(r)
         await r.client.send(r.client_rid, msg)
         if r.terminal and r.reports >= set(r.names):
             self._forget(r)
@@ -266,6 +347,8 @@ class RouterNode(RoleServer):
         for role, name in r.names.items():
             if keep_wan and role in (Role.PREFILL, Role.MAIN_DECODE):
                 continue
+            if role == Role.MAIN_DECODE:
+                self.wan.done(r.rid)
             peer = await self.peer_if_live(name)
             if peer is not None:
                 await peer.send(r.rid, Cancel())

@@ -20,8 +20,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from testbed.report.metrics import completed
-from testbed.report.plots import (Plot, hit_bins, plot_hit_rates, plot_relay_timeline,
-                                  plot_ttft_cdf, plot_wan_throughput, relayed_examples)
+from testbed.report.plots import (Plot, hit_bins, plot_hit_rates, plot_kv_prediction,
+                                  plot_relay_timeline, plot_ttft_cdf, plot_wan_throughput,
+                                  relayed_examples)
 from testbed.report.render import render
 from testbed.report.rundir import RunData, load_run
 from testbed.report.summary import summarize, summary_json
@@ -29,7 +30,8 @@ from testbed.report.summary import summarize, summary_json
 __all__ = ["build_report", "draw_plots"]
 
 PLOT_FILES = {"ttft": "ttft_cdf.png", "wan": "wan_throughput.png",
-              "timeline": "relay_timeline.png", "hit": "hit_rates.png"}
+              "timeline": "relay_timeline.png", "hit": "hit_rates.png",
+              "prediction": "kv_prediction.png"}
 TIMELINE_MODE = "pdd"  # preferred mode for the relayed-request timeline
 
 
@@ -57,6 +59,8 @@ def draw_plots(run: RunData) -> list[Plot]:
     plots.append(plot_hit_rates({m.name: [r.get("p_hit_rate") for r in m.requests]
                                  for m in run.modes}, hit_bins(run.resolved),
                                 out / PLOT_FILES["hit"]))
+    plots.append(plot_kv_prediction({m.name: m.requests for m in run.modes},
+                                    out / PLOT_FILES["prediction"]))
     return plots
 
 

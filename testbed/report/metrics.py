@@ -23,6 +23,10 @@ Definitions (docs/run-directory.md):
 - ``rld_token_share`` = tokens produced by RLD / all tokens, and
   ``relayed_share`` = requests whose pipeline involved RLD / all, both over
   completed requests.
+- ``kv_prediction_error_p50/p90``: the router's WAN model against what
+  happened, per request whose KV reached MD: ``|predicted - actual| /
+  actual`` of the time from P's prefill end to the KV complete at MD
+  (record ``kv_at_md``: ``predicted_wan_s`` vs ``actual_wan_s``).
 
 Example::
 
@@ -45,7 +49,8 @@ MODE_KEYS = ("requests_total", "requests_completed", "requests_failed",
              "tokens_lost", "tokens_duplicated",
              "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_p50_ms", "e2e_p99_s",
              "goodput_rps", "handoff_stall_p99_ms",
-             "wan_bytes", "intra_dc_bytes", "rld_token_share", "relayed_share", "emulated")
+             "wan_bytes", "intra_dc_bytes", "rld_token_share", "relayed_share",
+             "kv_prediction_error_p50", "kv_prediction_error_p90", "emulated")
 EMULATED_KEYS = ("wan_bytes", "intra_dc_bytes")
 # Every name an expectation or a comparison may use.
 MODE_METRICS = tuple(k for k in MODE_KEYS if k != "emulated") + tuple(
@@ -154,6 +159,17 @@ def relayed_share(records: Sequence[Mapping]) -> float | None:
     return sum(map(is_relayed, done)) / len(done) if done else None
 
 
+def kv_prediction_errors(records: Sequence[Mapping]) -> list[float]:
+    """|predicted - actual| / actual of each request's WAN time (prefill end -> KV at MD)."""
+    out = []
+    for r in records:
+        kv = r.get("kv_at_md") or {}
+        pred, actual = kv.get("predicted_wan_s"), kv.get("actual_wan_s")
+        if pred is not None and actual is not None and actual > 0:
+            out.append(abs(pred - actual) / actual)
+    return out
+
+
 def handoff_stall_p99_ms(records: Sequence[Mapping]) -> float | None:
     stalls = [(r.get("handoff") or {}).get("stall_ms") for r in completed(records)]
     return percentile(stalls, 99)
@@ -203,6 +219,8 @@ def mode_metrics(records: Sequence[Mapping], events: Sequence[Mapping], sla: Sla
         "intra_dc_bytes": emulated["intra_dc_bytes"] * scale,
         "rld_token_share": rld_token_share(records),
         "relayed_share": relayed_share(records),
+        "kv_prediction_error_p50": percentile(kv_prediction_errors(records), 50),
+        "kv_prediction_error_p90": percentile(kv_prediction_errors(records), 90),
         "emulated": emulated,
     }
 

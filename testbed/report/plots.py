@@ -1,8 +1,9 @@
 """The report's plots: one function per PNG, matplotlib without a display.
 
 Owns Plot, DEFAULT_HIT_BINS_PCT, ``hit_bins``, ``relayed_examples`` (the
-requests the timeline shows) and the four plot functions: ``plot_ttft_cdf``,
-``plot_wan_throughput``, ``plot_relay_timeline`` and ``plot_hit_rates``.
+requests the timeline shows) and the plot functions: ``plot_ttft_cdf``,
+``plot_wan_throughput``, ``plot_relay_timeline``, ``plot_hit_rates`` and
+``plot_kv_prediction`` (the router's predicted vs actual KV arrival at MD).
 Each takes plain data and a path and returns a Plot;
 when there is nothing to draw it writes nothing, removes a stale PNG of
 the same name (so re-running is idempotent) and says why in ``note``.
@@ -256,4 +257,42 @@ def plot_hit_rates(hit_by_mode: Mapping[str, Sequence[float]],
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend()
     ax.set_title(title)
+    return _save(fig, title, path)
+
+
+def kv_prediction_points(records: Sequence[Mapping]) -> tuple[list[float], list[float]]:
+    """(predicted, actual) WAN time of each request whose KV reached MD (record ``kv_at_md``)."""
+    pred, actual = [], []
+    for r in records:
+        kv = r.get("kv_at_md") or {}
+        if kv.get("predicted_wan_s") is not None and kv.get("actual_wan_s") is not None:
+            pred.append(float(kv["predicted_wan_s"]))
+            actual.append(float(kv["actual_wan_s"]))
+    return pred, actual
+
+
+def plot_kv_prediction(records_by_mode: Mapping[str, Sequence[Mapping]], path: Path) -> Plot:
+    """The router's predicted WAN time (prefill end -> KV at MD) against the actual, per mode."""
+    title = "Router's WAN prediction vs actual KV arrival at MD"
+    points = {m: kv_prediction_points(rs) for m, rs in records_by_mode.items()}
+    points = {m: p for m, p in points.items() if p[0]}
+    if not points:
+        return _skip(title, path, "no request had both a predicted and an actual KV arrival")
+    fig = Figure(figsize=(5.5, 5), layout="constrained")
+    ax = fig.add_subplot()
+    lo = min(min(min(p), min(a)) for p, a in points.values())
+    hi = max(max(max(p), max(a)) for p, a in points.values())
+    lo, hi = max(lo * 0.8, 1e-3), hi * 1.25
+    for mode, (pred, actual) in points.items():
+        ax.scatter(actual, pred, s=14, alpha=0.7, label=f"{mode} (n={len(pred)})")
+    ax.plot([lo, hi], [lo, hi], color="black", lw=0.8, label="predicted = actual")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
+    ax.set_xlabel("actual: prefill end -> KV at MD (s)")
+    ax.set_ylabel("predicted at routing (s)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(loc="upper left", fontsize=8)
+    ax.set_title(title, fontsize=10)
     return _save(fig, title, path)

@@ -1,0 +1,216 @@
+"""The router's model of the WAN: capacity, RTT and the KV backlog, as pure code.
+
+Owns ``WanModel``: what the router believes about the path P -> MD, and its
+prediction of when a request's KV will be complete at MD. No I/O and no
+clock: every method takes the time ``now_s`` (the router passes
+``time.monotonic()``), so tests drive it with made-up samples.
+
+Inputs (all in nominal units: wire bytes x k):
+
+- capacity: MD's WAN status, every ``main.wan_status_interval_s``, says how
+  many KV bytes it received from P in the interval and whether a transfer
+  was in progress for the whole interval (``busy``). A busy interval's rate
+  is what the KV connection really got: the link's rate, or its share when
+  cross traffic competes. The estimate is the maximum of the busy samples
+  of the last ``window`` (BBR's windowed max-filter: a slow-start or
+  app-limited interval does not drag it down, and a dip is followed once
+  the window has moved past the faster samples):
+  ``window = max(router.wan_window_min_s, router.wan_window_rtts x RTT)``.
+  With no busy sample in the window the last estimate is held (and the
+  configured prior before the first).
+- RTT: the router's HEALTH probes to MD (``rtt_probe_interval_s``); the
+  estimate is the minimum of the last ``rtt_window_s`` (queueing from our
+  own bursts is filtered; a standing queue of cross traffic, or an ``rtt``
+  fault, shows within the window).
+- backlog: every request routed with a WAN path is ``commit``-ted with its
+  expected bytes (what MD's DRC lacks) and the time its transfer starts
+  (P's expected prefill end); MD's status lists the bytes each transfer
+  still misses (``progress``); ``done`` removes a transfer (KV at MD, or
+  cancelled).
+
+Prediction (``predict``): P interleaves the KV chunks of concurrent
+transfers on its one connection to MD, so transfers share the capacity
+equally (processor sharing). A fluid simulation of the committed
+transfers plus the new one, each starting at its start time, gives the
+time the new one's last byte leaves; plus 1.5 RTT (P's REQUEST to MD,
+MD's KV_NEED back, the last chunk's propagation). With nothing queued this
+is ``bytes / capacity + 1.5 RTT``; a backlog of B bytes ahead of a
+transfer of S bytes adds ``sum(min(b_i, S))`` (each queued transfer delays
+it by at most its own size, or by S while both are active).
+
+Example::
+
+    wan = WanModel(prior_gbit=10.0, prior_rtt_s=0.04)
+    wan.add_rate_sample(now_s=1.0, nominal_bytes=125_000_000, interval_s=0.1, busy=True)
+    wan.commit(7, nominal_bytes=2e9, start_s=1.0)
+    wan.predict(now_s=1.0, nominal_bytes=5e8, start_s=1.2).wan_s
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+MIN_GBIT = 1e-3  # floor of the rate used in predictions (an outage measures 0)
+
+@dataclass(frozen=True)
+class WanPrediction:
+    """One prediction and what it was made from (kept in the decision record)."""
+
+    wan_s: float  # transfer start -> KV complete at MD
+    start_s: float  # when the transfer starts (P's expected prefill end), router clock
+    backlog_bytes: float  # nominal bytes committed and not yet delivered, ahead of it
+    backlog_transfers: int
+    capacity_gbit: float
+    rtt_s: float
+
+    @property
+    def arrival_s(self) -> float:
+        """Router clock time at which MD is expected to hold the KV."""
+        return self.start_s + self.wan_s
+
+    def as_dict(self) -> dict:
+        return {"predicted_wan_s": round(self.wan_s, 6),
+                "predicted_kv_at_md_s": round(self.arrival_s, 6),
+                "wan_backlog_bytes": int(self.backlog_bytes),
+                "wan_backlog_transfers": self.backlog_transfers,
+                "wan_gbit": round(self.capacity_gbit, 4), "wan_rtt_s": round(self.rtt_s, 6)}
+
+
+@dataclass
+class _Transfer:
+    remaining: float  # nominal bytes
+    start_s: float
+
+
+class WanModel:
+    """See the module docstring."""
+
+    def __init__(self, prior_gbit: float, prior_rtt_s: float, *, window_min_s: float = 0.2,
+                 window_rtts: float = 5.0, rtt_window_s: float = 2.0):
+        if prior_gbit <= 0 or prior_rtt_s < 0:
+            raise ValueError(f"prior rate must be > 0 and RTT >= 0, got {prior_gbit}, "
+                             f"{prior_rtt_s}")
+        self.window_min_s, self.window_rtts = window_min_s, window_rtts
+        self.rtt_window_s = rtt_window_s
+        self._gbit = prior_gbit
+        self._rtt = prior_rtt_s
+        self._rates: deque[tuple[float, float]] = deque()  # (t, gbit) of busy intervals
+        self._rtts: deque[tuple[float, float]] = deque()  # (t, rtt_s)
+        self._transfers: dict[int, _Transfer] = {}
+        self.n_rate_samples = 0
+        self.n_rtt_samples = 0
+
+    # -- inputs ----------------------------------------------------------------
+    def add_rate_sample(self, now_s: float, nominal_bytes: float, interval_s: float,
+                        busy: bool) -> bool:
+        """MD received ``nominal_bytes`` in the ``interval_s`` ending at ``now_s``.
+
+        Only busy intervals (a transfer in progress throughout) are rate
+        samples; returns whether this one was used.
+        """
+        if not busy or interval_s <= 0:
+            return False
+        self._rates.append((now_s, nominal_bytes * 8 / interval_s / 1e9))
+        self.n_rate_samples += 1
+        self.capacity_gbit(now_s)
+        return True
+
+    def add_rtt_sample(self, now_s: float, rtt_s: float) -> None:
+        if rtt_s < 0:
+            raise ValueError(f"negative RTT sample {rtt_s}")
+        self._rtts.append((now_s, rtt_s))
+        self.n_rtt_samples += 1
+        self.rtt_s(now_s)
+
+    def commit(self, rid: int, nominal_bytes: float, start_s: float) -> None:
+        """A transfer of ``nominal_bytes`` will start at ``start_s``."""
+        if nominal_bytes > 0:
+            self._transfers[rid] = _Transfer(float(nominal_bytes), start_s)
+
+    def progress(self, rid: int, remaining_bytes: float, now_s: float) -> None:
+        """MD says transfer ``rid`` is under way and still misses ``remaining_bytes``."""
+        t = self._transfers.get(rid)
+        if t is not None:
+            t.remaining = max(0.0, float(remaining_bytes))
+            t.start_s = min(t.start_s, now_s)
+
+    def done(self, rid: int) -> None:
+        self._transfers.pop(rid, None)
+
+    # -- estimates -------------------------------------------------------------
+    def window_s(self) -> float:
+        return max(self.window_min_s, self.window_rtts * self._rtt)
+
+    def capacity_gbit(self, now_s: float) -> float:
+        """Windowed max of the busy samples; the last estimate when none is recent."""
+        self._expire(now_s)
+        if self._rates:
+            self._gbit = max(g for _, g in self._rates)
+        return self._gbit
+
+    def rtt_s(self, now_s: float) -> float:
+        """Windowed min of the RTT probes; the last estimate when none is recent."""
+        self._expire(now_s)
+        if self._rtts:
+            self._rtt = min(r for _, r in self._rtts)
+        return self._rtt
+
+    def backlog_bytes(self) -> float:
+        return sum(t.remaining for t in self._transfers.values())
+
+    @property
+    def n_transfers(self) -> int:
+        return len(self._transfers)
+
+    def _expire(self, now_s: float) -> None:
+        horizon = now_s - self.window_s()
+        while self._rates and self._rates[0][0] < horizon:
+            self._rates.popleft()
+        while self._rtts and self._rtts[0][0] < now_s - self.rtt_window_s:
+            self._rtts.popleft()
+
+    # -- prediction ------------------------------------------------------------
+    def predict(self, now_s: float, nominal_bytes: float, start_s: float) -> WanPrediction:
+        """When would a transfer of ``nominal_bytes`` starting at ``start_s`` be at MD?"""
+        gbit, rtt = self.capacity_gbit(now_s), self.rtt_s(now_s)
+        rate = max(gbit, MIN_GBIT) * 1e9 / 8  # bytes/s; a link that is down: very slow
+        others = [(max(now_s, t.start_s), t.remaining) for t in self._transfers.values()
+                  if t.remaining > 0]
+        finish = ps_finish_s(others, (max(now_s, start_s), float(nominal_bytes)), rate, now_s)
+        wan_s = finish - max(now_s, start_s) + 1.5 * rtt
+        return WanPrediction(wan_s, start_s, sum(b for _, b in others), len(others), gbit, rtt)
+
+
+def ps_finish_s(others: list[tuple[float, float]], mine: tuple[float, float], rate: float,
+                now_s: float) -> float:
+    """Fluid processor sharing: when does ``mine`` = (start_s, bytes) finish?
+
+    ``others`` are (start_s, bytes) of the other transfers; all jobs active
+    at a time share ``rate`` (bytes/s) equally. Example: one other job of
+    the same size started together -> twice the time alone:
+    ``ps_finish_s([(0, 10)], (0, 10), 1.0, 0) == 20.0``.
+    """
+    jobs = [[s, b] for s, b in others if b > 0] + [[mine[0], mine[1]]]
+    me = jobs[-1]
+    if me[1] <= 0:
+        return max(now_s, me[0])
+    t = now_s
+    while True:
+        active = [j for j in jobs if j[0] <= t and j[1] > 0]
+        pending = [j[0] for j in jobs if j[0] > t and j[1] > 0]
+        if not active:
+            t = min(pending)
+            continue
+        share = rate / len(active)
+        dt_done = min(j[1] for j in active) / share
+        dt_next = (min(pending) - t) if pending else float("inf")
+        dt = min(dt_done, dt_next)
+        for j in active:
+            j[1] -= share * dt
+        t += dt
+        if me[1] <= 1e-9 * max(1.0, mine[1]):
+            return t
+        for j in active:
+            if j[1] <= 1e-9 * max(1.0, mine[1]):
+                j[1] = 0.0

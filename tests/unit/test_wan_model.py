@@ -1,0 +1,121 @@
+"""WanModel: the router's queue-aware WAN view (pure; driven with made-up samples)."""
+
+import pytest
+
+from testbed.pdd.wan_model import WanModel, ps_finish_s
+
+GB = 1e9
+
+
+def model(**kw):
+    return WanModel(prior_gbit=10.0, prior_rtt_s=0.04, **kw)
+
+
+def feed_rate(wan, t0, t1, gbit, step=0.05):
+    t = t0
+    while t < t1 + 1e-9:
+        wan.add_rate_sample(t, gbit * 1e9 / 8 * step, step, busy=True)
+        t += step
+
+
+def test_idle_prediction_is_size_over_rate_plus_rtts():
+    wan = model()
+    p = wan.predict(0.0, 1.25 * GB, 0.0)  # 10 Gbit at 10 Gbit/s
+    assert p.wan_s == pytest.approx(1.0 + 1.5 * 0.04)
+    assert p.backlog_bytes == 0 and p.backlog_transfers == 0
+
+
+def test_backlog_raises_the_prediction():
+    wan = model()
+    before = wan.predict(0.0, 0.25 * GB, 0.0).wan_s
+    wan.commit(1, 2.5 * GB, 0.0)  # a big transfer already under way
+    after = wan.predict(0.0, 0.25 * GB, 0.0)
+    # processor sharing: the small one shares the link with the big one for its whole life
+    assert after.wan_s == pytest.approx(2 * 0.2 + 0.06)
+    assert after.wan_s > before
+    assert after.backlog_bytes == pytest.approx(2.5 * GB)
+    # the queued transfer finishing removes its delay
+    wan.done(1)
+    assert wan.predict(0.0, 0.25 * GB, 0.0).wan_s == pytest.approx(before)
+
+
+def test_progress_updates_remaining_bytes():
+    wan = model()
+    wan.commit(1, 2.5 * GB, 0.0)
+    wan.progress(1, 0.05 * GB, 1.9)
+    p = wan.predict(2.0, 0.25 * GB, 2.0)
+    # 0.05 GB shared (0.08 s for both), then the rest alone
+    assert p.wan_s == pytest.approx((0.1 + 0.2) / 1.25 + 0.06)
+
+
+def test_transfer_starting_after_mine_finishes_does_not_delay_me():
+    wan = model()
+    wan.commit(1, 2.5 * GB, 5.0)
+    assert wan.predict(0.0, 0.25 * GB, 0.0).wan_s == pytest.approx(0.2 + 0.06)
+
+
+def test_rate_dip_is_followed_within_the_window():
+    wan = model(window_min_s=0.2, window_rtts=5)
+    feed_rate(wan, 0.0, 2.0, 10.0)
+    assert wan.capacity_gbit(2.0) == pytest.approx(10.0)
+    feed_rate(wan, 2.05, 2.5, 0.7)  # the WAN drops to 0.7 Gbit/s
+    # window = max(0.2 s, 5 x 40 ms) = 0.2 s: 4 samples after the dip
+    assert wan.capacity_gbit(2.25) == pytest.approx(0.7)
+    feed_rate(wan, 2.55, 3.0, 10.0)  # and comes back: the max follows at once
+    assert wan.capacity_gbit(3.0) == pytest.approx(10.0)
+
+
+def test_cross_traffic_share_lowers_the_estimate():
+    wan = model()
+    feed_rate(wan, 0.0, 1.0, 10.0)
+    feed_rate(wan, 1.05, 2.0, 10.0 / 17)  # 16 cross flows: our connection gets 1/17
+    assert wan.capacity_gbit(2.0) == pytest.approx(10.0 / 17)
+    assert wan.predict(2.0, 1.25 * GB, 2.0).wan_s > 10
+
+
+def test_idle_intervals_are_not_rate_samples():
+    wan = model()
+    feed_rate(wan, 0.0, 1.0, 8.0)
+    assert not wan.add_rate_sample(1.05, 0, 0.05, busy=False)
+    assert wan.capacity_gbit(5.0) == pytest.approx(8.0)  # held, not decayed to 0
+
+
+def test_outage_gives_a_finite_huge_prediction():
+    wan = model()
+    feed_rate(wan, 0.0, 1.0, 0.0)
+    p = wan.predict(1.0, 0.25 * GB, 1.0)
+    assert p.capacity_gbit == 0.0 and 1000 < p.wan_s < float("inf")
+
+
+def test_rtt_change_is_seen():
+    wan = model(rtt_window_s=2.0)
+    for i in range(20):
+        wan.add_rtt_sample(i * 0.1, 0.040 + (0.01 if i % 3 else 0))  # queueing noise
+    assert wan.rtt_s(2.0) == pytest.approx(0.040)
+    for i in range(21, 45):  # an rtt fault: 40 -> 200 ms
+        wan.add_rtt_sample(i * 0.1, 0.200)
+    assert wan.rtt_s(4.5) == pytest.approx(0.200)
+    assert wan.predict(4.5, 0, 4.5).wan_s == pytest.approx(0.3)
+
+
+def test_window_grows_with_the_rtt():
+    wan = model(window_min_s=0.2, window_rtts=5)
+    wan.add_rtt_sample(0.0, 0.2)
+    assert wan.window_s() == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("others, mine, expected", [
+    ([], (0, 10), 10.0),
+    ([(0, 10)], (0, 10), 20.0),
+    ([(0, 100)], (0, 10), 20.0),          # each delays the other by min(b, S)
+    ([(0, 5)], (0, 10), 15.0),
+    ([(0, 10)], (4, 10), 4 + 6 * 2 + 4),  # joins after 4 s: shares for 12 s, then alone
+    ([(20, 10)], (0, 10), 10.0),
+])
+def test_processor_sharing(others, mine, expected):
+    assert ps_finish_s(others, mine, 1.0, 0.0) == pytest.approx(expected)
+
+
+def test_bad_priors_are_rejected():
+    with pytest.raises(ValueError):
+        WanModel(prior_gbit=0, prior_rtt_s=0.04)
