@@ -27,8 +27,8 @@ id 0: ``{"kind": "wan", "interval_s", "rx_bytes"`` (bytes read from P's
 connections in the interval, wire units), ``"busy"`` (a KV transfer was
 receiving chunks throughout the interval, so the rate is what the path
 gave, not what the workload offered), ``"pending": {rid: wire bytes still
-missing}, "kv_done": [rids whose KV completed in the interval]}``. Nothing is sent while no transfer is pending and nothing
-arrived.
+missing}, "kv_done": [rids whose KV completed in the interval]}``. Nothing
+is sent while no transfer is pending and nothing arrived.
 """
 
 from __future__ import annotations
