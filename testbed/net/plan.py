@@ -33,13 +33,18 @@ from testbed.spec.topology import Topology, gateway_name, host_ifname
 
 # Sysctls raised in every emulated host. The 16 MB default buffers cap TCP
 # near 1.3 Gbit/s at 100 ms RTT; IPv6 is off so no stray solicitations
-# cross the WAN; metrics are not cached between flows (calibration).
+# cross the WAN; metrics are not cached between flows (calibration); a
+# connection idle for an RTO keeps its window (as tuned DC and WAN hosts
+# do): without it every KV transfer on the long-lived P -> MD connection
+# after a pause restarts in slow start, ~10 RTTs before it reaches the line
+# rate, which neither the baseline nor PDD would accept in production.
 HOST_SYSCTLS = (
     ("net.ipv4.tcp_rmem", "4096 131072 536870912"),
     ("net.ipv4.tcp_wmem", "4096 131072 536870912"),
     ("net.core.rmem_max", "536870912"),
     ("net.core.wmem_max", "536870912"),
     ("net.ipv4.tcp_no_metrics_save", "1"),
+    ("net.ipv4.tcp_slow_start_after_idle", "0"),
     ("net.ipv6.conf.all.disable_ipv6", "1"),
     ("net.ipv6.conf.default.disable_ipv6", "1"),
 )
