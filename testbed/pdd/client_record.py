@@ -10,8 +10,12 @@ makes the line of requests.jsonl with the fields of docs/pdd-roles.md:
   producer]], tokens_lost, tokens_duplicated, handoff {mode, batches,
   stall_ms}, bytes {kv_intra, kv_wan, handoff, tokens}, overruns
   {steps, kv_bytes}, kv_at_md {predicted_s, actual_s, predicted_wan_s,
-  actual_wan_s}, plus ``prompt`` (for ``verify``) and ``reports`` (raw
-  REPORT data by role, for debugging).
+  actual_wan_s}, relay_overhead_ms, plus ``prompt`` (for ``verify``) and
+  ``reports`` (raw REPORT data by role, for debugging).
+
+``relay_overhead_ms``: P's prefill end (its REPORT's ``t_prefill_end``) ->
+RLD's first token (its REPORT's ``t_first_token``, when RLD sent token 0),
+on the same system-wide monotonic clock; None if RLD emitted nothing.
 
 ``kv_at_md``: when MD held the request's KV, as the router predicted it at
 routing and as it happened (MD's KV_DONE), both in seconds after routing
@@ -141,6 +145,15 @@ class RequestTrace:
                 out["actual_wan_s"] = round(done - p_end, 6)
         return out
 
+    def relay_overhead_ms(self) -> float | None:
+        """P's prefill end -> RLD's first token (both ``time.monotonic()`` of this machine,
+        from their REPORTs), for a request RLD emitted for; else None."""
+        p_end = self.reports.get("P", {}).get("t_prefill_end")
+        first = self.reports.get("RLD", {}).get("t_first_token")
+        if p_end is None or first is None:
+            return None
+        return round(1000 * (first - p_end), 3)
+
     def record(self, mode: str, handoff_mode: str) -> dict:
         """The requests.jsonl line of this request."""
         status, reason = self._status()
@@ -163,5 +176,6 @@ class RequestTrace:
             "overruns": {"steps": sum(int(r.get("overruns", 0)) for r in (p, rld, md)),
                          "kv_bytes": p.get("kv_overrun_bytes", 0)},
             "kv_at_md": self.kv_at_md(),
+            "relay_overhead_ms": self.relay_overhead_ms(),
             "prompt": list(self.req.prompt), "reports": self.reports,
         }

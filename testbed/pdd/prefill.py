@@ -155,7 +155,8 @@ class PrefillNode(RoleServer):
                           prefill_real_s=real_s,
                           prefill_modeled_s=modeled_s * self.pacer.time_scale,
                           overruns=int(overrun), kv_overrun_bytes=0,
-                          p_cache_hit_rate=self.prefix.stats.hit_rate)
+                          p_cache_hit_rate=self.prefix.stats.hit_rate,
+                          t_prefill_end=time.monotonic())
 
     async def _ship(self, job: PrefillJob) -> None:
         paths = []

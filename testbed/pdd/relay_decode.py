@@ -205,6 +205,8 @@ class RelayDecodeNode(RoleServer):
                 raise AssertionError(f"RLD emitted {e.position} after {len(st.tokens) - 1}")
         st.handoff.on_emitted(len(st.tokens))
         first = emitted[0].position
+        if first == 0:  # relay overhead: P's t_prefill_end -> this (client_record)
+            st.report["t_first_token"] = time.monotonic()
         if self.router is not None:
             await self.router.send(st.rid, Tokens(Role.RELAY_DECODE, first,
                                                   tuple(e.token_id for e in emitted)))

@@ -91,6 +91,8 @@ class RouterNode(RoleServer):
         self.rld_held: dict[str, int] = {}  # modeled KV tokens per RLD
         self.p_free_at: dict[str, float] = {}  # P's expected end of its queued prefills
         self._pings: dict[int, float] = {}  # HEALTH nonce -> send time
+        # uncontended transfers: rid -> [predicted WAN s, P's prefill end, MD's KV_DONE]
+        self._residuals: dict[int, list] = {}
         self._nonces = itertools.count(1)
         self.requests: dict[int, Routed] = {}
         self._by_client: dict[tuple[int, int], Routed] = {}
@@ -147,8 +149,20 @@ class RouterNode(RoleServer):
                                  bool(data["busy"]))
         for rid, remaining in data.get("pending", {}).items():
             self.wan.progress(int(rid), float(remaining) * k, now)
-        for rid in data.get("kv_done", []):
+        for rid, t_done in data.get("kv_done", {}).items():
             self.wan.done(int(rid))
+            self._residual_part(int(rid), 2, float(t_done))
+
+    def _residual_part(self, rid: int, index: int, t: float) -> None:
+        """P's prefill end (1) or MD's KV_DONE (2) of an uncontended transfer; with
+        both, its actual - predicted WAN time teaches the model its fixed overhead."""
+        parts = self._residuals.get(rid)
+        if parts is None:
+            return
+        parts[index] = t
+        if parts[1] is not None and parts[2] is not None:
+            del self._residuals[rid]
+            self.wan.add_residual(parts[2] - parts[1] - parts[0])
 
     def _invalid(self, req: Request) -> str | None:
         """Why the tiny model cannot serve ``req`` (checked before routing), or None."""
@@ -221,6 +235,8 @@ class RouterNode(RoleServer):
             r.rld_tokens_held = held
         if Role.MAIN_DECODE in involved:
             self.wan.commit(r.rid, wan_bytes, p_end)
+            if pred.backlog_transfers == 0:
+                self._residuals[r.rid] = [pred.wan_s - pred.overhead_s, None, None]
             if md_mirror is not None:
                 r.md_prompt = tuple(prompt)  # MD's DRC will insert it
         info = {"pipeline": d.pipeline.value, "reason": d.reason, "t_route": round(now, 6),
@@ -290,6 +306,8 @@ class RouterNode(RoleServer):
             name = r.names[Role.RELAY_DECODE]
             self.rld_active[name] = max(0, self.rld_active.get(name, 0) - 1)
             self.rld_held[name] = max(0, self.rld_held.get(name, 0) - r.rld_tokens_held)
+        if msg.role == Role.PREFILL and "t_prefill_end" in msg.data:
+            self._residual_part(r.rid, 1, float(msg.data["t_prefill_end"]))
         if msg.role == Role.MAIN_DECODE:
             self.wan.done(r.rid)  # the transfer ended (KV at MD, or cancelled)
             if "kv_transfer_s" in msg.data:
@@ -357,6 +375,7 @@ class RouterNode(RoleServer):
 
     def _forget(self, r: Routed) -> None:
         self.requests.pop(r.rid, None)
+        self._residuals.pop(r.rid, None)
         self._by_client.pop((id(r.client), r.client_rid), None)
 
 

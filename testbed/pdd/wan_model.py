@@ -28,13 +28,20 @@ Inputs (all in nominal units: wire bytes x k):
   still misses (``progress``); ``done`` removes a transfer (KV at MD, or
   cancelled).
 
+- overhead: what the path adds beyond bytes / capacity + 1.5 RTT (MD's
+  DRC lookup and KV_NEED, P's and MD's framing, event-loop waits): each
+  transfer that had nothing ahead of it at routing, once both P's prefill
+  end and MD's KV_DONE are known, gives ``actual - predicted``
+  (``add_residual``); the overhead is their EWMA (weight
+  ``overhead_alpha``), clamped to >= 0, and is added to every prediction.
+
 Prediction (``predict``): P interleaves the KV chunks of concurrent
 transfers on its one connection to MD, so transfers share the capacity
 equally (processor sharing). A fluid simulation of the committed
 transfers plus the new one, each starting at its start time, gives the
 time the new one's last byte leaves; plus 1.5 RTT (P's REQUEST to MD,
 MD's KV_NEED back, the last chunk's propagation). With nothing queued this
-is ``bytes / capacity + 1.5 RTT``; a backlog of B bytes ahead of a
+is ``bytes / capacity + 1.5 RTT + overhead``; a backlog of B bytes ahead of a
 transfer of S bytes adds ``sum(min(b_i, S))`` (each queued transfer delays
 it by at most its own size, or by S while both are active).
 
@@ -63,6 +70,7 @@ class WanPrediction:
     backlog_transfers: int
     capacity_gbit: float
     rtt_s: float
+    overhead_s: float = 0.0
 
     @property
     def arrival_s(self) -> float:
@@ -74,7 +82,8 @@ class WanPrediction:
                 "predicted_kv_at_md_s": round(self.arrival_s, 6),
                 "wan_backlog_bytes": int(self.backlog_bytes),
                 "wan_backlog_transfers": self.backlog_transfers,
-                "wan_gbit": round(self.capacity_gbit, 4), "wan_rtt_s": round(self.rtt_s, 6)}
+                "wan_gbit": round(self.capacity_gbit, 4), "wan_rtt_s": round(self.rtt_s, 6),
+                "wan_overhead_s": round(self.overhead_s, 6)}
 
 
 @dataclass
@@ -87,12 +96,17 @@ class WanModel:
     """See the module docstring."""
 
     def __init__(self, prior_gbit: float, prior_rtt_s: float, *, window_min_s: float = 0.2,
-                 window_rtts: float = 5.0, rtt_window_s: float = 2.0):
+                 window_rtts: float = 5.0, rtt_window_s: float = 2.0,
+                 overhead_alpha: float = 0.2):
         if prior_gbit <= 0 or prior_rtt_s < 0:
             raise ValueError(f"prior rate must be > 0 and RTT >= 0, got {prior_gbit}, "
                              f"{prior_rtt_s}")
         self.window_min_s, self.window_rtts = window_min_s, window_rtts
         self.rtt_window_s = rtt_window_s
+        self.overhead_alpha = overhead_alpha
+        self.overhead_s = 0.0
+        self._residual = 0.0
+        self.n_residuals = 0
         self._gbit = prior_gbit
         self._rtt = prior_rtt_s
         self._rates: deque[tuple[float, float]] = deque()  # (t, gbit) of busy intervals
@@ -122,6 +136,14 @@ class WanModel:
         self._rtts.append((now_s, rtt_s))
         self.n_rtt_samples += 1
         self.rtt_s(now_s)
+
+    def add_residual(self, residual_s: float) -> None:
+        """actual - predicted WAN time of a transfer that had nothing ahead of it."""
+        a = self.overhead_alpha
+        self._residual = residual_s if self.n_residuals == 0 else \
+            a * residual_s + (1 - a) * self._residual
+        self.n_residuals += 1
+        self.overhead_s = max(0.0, self._residual)
 
     def commit(self, rid: int, nominal_bytes: float, start_s: float) -> None:
         """A transfer of ``nominal_bytes`` will start at ``start_s``."""
@@ -178,8 +200,9 @@ class WanModel:
         others = [(max(now_s, t.start_s), t.remaining) for t in self._transfers.values()
                   if t.remaining > 0]
         finish = ps_finish_s(others, (max(now_s, start_s), float(nominal_bytes)), rate, now_s)
-        wan_s = finish - max(now_s, start_s) + 1.5 * rtt
-        return WanPrediction(wan_s, start_s, sum(b for _, b in others), len(others), gbit, rtt)
+        wan_s = finish - max(now_s, start_s) + 1.5 * rtt + self.overhead_s
+        return WanPrediction(wan_s, start_s, sum(b for _, b in others), len(others), gbit, rtt,
+                             self.overhead_s)
 
 
 def ps_finish_s(others: list[tuple[float, float]], mine: tuple[float, float], rate: float,

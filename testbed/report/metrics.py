@@ -23,6 +23,10 @@ Definitions (docs/run-directory.md):
 - ``rld_token_share`` = tokens produced by RLD / all tokens, and
   ``relayed_share`` = requests whose pipeline involved RLD / all, both over
   completed requests.
+- ``relay_overhead_p50_ms/p90_ms``: the local path's cost, P's prefill end
+  -> RLD's first token (record ``relay_overhead_ms``), over completed
+  relayed requests (transfer of the KV over the intra-DC link + framing +
+  RLD's emit); None when no request was relayed.
 - ``kv_prediction_error_p50/p90``: the router's WAN model against what
   happened, per request whose KV reached MD: ``|predicted - actual| /
   actual`` of the time from P's prefill end to the KV complete at MD
@@ -49,6 +53,7 @@ MODE_KEYS = ("requests_total", "requests_completed", "requests_failed",
              "tokens_lost", "tokens_duplicated",
              "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_p50_ms", "e2e_p99_s",
              "goodput_rps", "handoff_stall_p99_ms",
+             "relay_overhead_p50_ms", "relay_overhead_p90_ms",
              "wan_bytes", "intra_dc_bytes", "rld_token_share", "relayed_share",
              "kv_prediction_error_p50", "kv_prediction_error_p90", "emulated")
 EMULATED_KEYS = ("wan_bytes", "intra_dc_bytes")
@@ -170,6 +175,14 @@ def kv_prediction_errors(records: Sequence[Mapping]) -> list[float]:
     return out
 
 
+def relay_overhead_ms(records: Sequence[Mapping]) -> dict[str, float | None]:
+    """``relay_overhead_p50_ms`` / ``_p90_ms``: P's prefill end -> RLD's first token (the
+    record's ``relay_overhead_ms``), over completed relayed requests; None if none."""
+    ms = [r.get("relay_overhead_ms") for r in completed(records) if is_relayed(r)]
+    return {"relay_overhead_p50_ms": percentile(ms, 50),
+            "relay_overhead_p90_ms": percentile(ms, 90)}
+
+
 def handoff_stall_p99_ms(records: Sequence[Mapping]) -> float | None:
     stalls = [(r.get("handoff") or {}).get("stall_ms") for r in completed(records)]
     return percentile(stalls, 99)
@@ -215,6 +228,7 @@ def mode_metrics(records: Sequence[Mapping], events: Sequence[Mapping], sla: Sla
         "e2e_p99_s": percentile((r.get("e2e_s") for r in done), 99),
         "goodput_rps": goodput_rps(records, sla, window and window[1] - window[0]),
         "handoff_stall_p99_ms": handoff_stall_p99_ms(records),
+        **relay_overhead_ms(records),
         "wan_bytes": emulated["wan_bytes"] * scale,
         "intra_dc_bytes": emulated["intra_dc_bytes"] * scale,
         "rld_token_share": rld_token_share(records),

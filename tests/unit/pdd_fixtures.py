@@ -30,9 +30,10 @@ def small_config(mode: str = "pdd", handoff_mode: str = "catch-up", **sections) 
         "model": {"d_model": 64, "n_layer": 2, "n_head": 2},
         "timing": {"time_scale": 0.5, "kv_scale_k": 10, "connect_timeout_s": 2.0},
         "relay": {"handoff_mode": handoff_mode, "catchup_threshold": 16},
-        # predicted WAN time = bytes / rate + 1.5 RTT (REQUEST, KV_NEED, last chunk):
-        # 128 missing tokens: 64 ms + 150 ms >= 180 ms -> relay; 10 or 20 missing -> p-md
-        "router": {"relay_threshold_s": 0.18, "wan_prior_gbit": 0.8, "wan_rtt_s": 0.1,
+        # predicted WAN time = bytes / rate + 1.5 RTT (REQUEST, KV_NEED, last chunk) + the
+        # learned overhead (~10-20 ms here): 128 missing tokens: 64 + 150 ms >= 190 ms ->
+        # relay; 10 or 20 missing (+ sharing with a backlog: <= 30 ms) -> p-md
+        "router": {"relay_threshold_s": 0.19, "wan_prior_gbit": 0.8, "wan_rtt_s": 0.1,
                    "anomalous_min_input_tokens": 140},
         "client": {"request_timeout_s": 20.0, "report_grace_s": 1.0},
         "instances": [

@@ -74,6 +74,15 @@ def test_relayed_ttft_is_far_below_the_wan_kv_transfer(handoff_mode):
         assert r["ttft_s"] < same["ttft_s"] / 3, (r["ttft_s"], same["ttft_s"])
 
 
+def test_relayed_requests_record_the_relay_overhead():
+    """P's prefill end -> RLD's first token: inside the TTFT, and only where RLD emitted."""
+    for r in records_of("pdd", "catch-up") + records_of("same-dc-pd", "catch-up"):
+        if "rld" in r["pipeline"]:
+            assert 0 < r["relay_overhead_ms"] < 1000 * r["ttft_s"], r["relay_overhead_ms"]
+        else:
+            assert r["relay_overhead_ms"] is None
+
+
 def test_md_receives_only_what_its_drc_lacks():
     first, second = records_of("pdd", "catch-up")[0], records_of("pdd", "catch-up")[2]
     assert first["md_hit_rate"] == 0.0

@@ -144,3 +144,22 @@ def test_link_bytes_is_last_minus_first_counter_per_direction():
             [(2.0, "a>b", 900), (1.0, "a>b", 100), (1.0, "b>a", 5), (2.0, "b>a", 7)]]
     rows.append(LinkSample(1.0, "host:p1", "up", 10**9, 0, 0, 100.0, 10.0))
     assert link_bytes(rows, "wan") == {"a>b": 800, "b>a": 2}
+
+
+def test_relay_overhead_percentiles_are_over_completed_relayed_requests():
+    def relayed(rid, ms, pipeline="p-rld-md", status="completed"):
+        return dict(rec(rid, pipeline=pipeline, status=status), relay_overhead_ms=ms)
+
+    records = [relayed(1, 40.0), relayed(2, 60.0, "rld-only"), relayed(3, 20.0, "p-rld-md->rld"),
+               relayed(4, 900.0, status="failed"),       # not completed
+               relayed(5, None),                          # RLD emitted nothing (handed over first)
+               dict(rec(6), relay_overhead_ms=500.0)]     # p-md: not relayed
+    m = mode_metrics(records, EVENTS, Sla(), 1.0)
+    assert m["relay_overhead_p50_ms"] == pytest.approx(40.0)
+    assert m["relay_overhead_p90_ms"] == pytest.approx(56.0)
+    assert metric_value(m, "relay_overhead_p50_ms") == pytest.approx(40.0)  # usable in bounds
+
+
+def test_relay_overhead_is_null_when_nothing_was_relayed():
+    m = mode_metrics([rec(1), rec(2, pipeline="cross-dc")], EVENTS, Sla(), 1.0)
+    assert m["relay_overhead_p50_ms"] is None and m["relay_overhead_p90_ms"] is None

@@ -119,3 +119,14 @@ def test_processor_sharing(others, mine, expected):
 def test_bad_priors_are_rejected():
     with pytest.raises(ValueError):
         WanModel(prior_gbit=0, prior_rtt_s=0.04)
+
+
+def test_overhead_is_learned_from_uncontended_transfers():
+    wan = model(overhead_alpha=0.5)
+    base = wan.predict(0.0, 0.125 * GB, 0.0).wan_s  # 0.1 s + 60 ms
+    wan.add_residual(0.04)
+    wan.add_residual(0.02)
+    assert wan.overhead_s == pytest.approx(0.03)
+    assert wan.predict(0.0, 0.125 * GB, 0.0).wan_s == pytest.approx(base + 0.03)
+    wan.add_residual(-0.5)  # faster than the model: never a negative overhead
+    assert wan.overhead_s == 0.0
