@@ -24,7 +24,7 @@ import asyncio
 import errno
 import itertools
 
-from testbed.pdd.protocol import MAX_FRAME_BYTES
+from testbed.pdd.protocol import MAX_FRAME_BYTES, filler_views
 from testbed.pdd.transport import Connection, Handler, Listener, Transport, run_handler
 
 _ANY_ADDRESS = ("", "0.0.0.0", "::")
@@ -82,11 +82,12 @@ class FakeConnection(Connection):
         self._inbound, self._outbound = inbound, outbound
         self._peer_conn: FakeConnection | None = None
 
-    async def _write(self, data: bytes) -> None:
+    async def _write(self, parts: list, filler: int) -> None:
         if self._peer_conn is not None and self._peer_conn.closed:
             raise ConnectionResetError(errno.ECONNRESET, "peer has closed the connection")
+        data = b"".join(parts + filler_views(filler))  # one write, as TCP's would arrive
         if data:
-            self._outbound.put(bytes(data))
+            self._outbound.put(data)
 
     async def _read(self) -> bytes:
         return await self._inbound.get()

@@ -149,7 +149,8 @@ class MainDecodeNode(RoleServer):
             await peer.send(rid, Cancel())
             return
         hit = self.drc.match(req.prompt_token_ids)
-        cache = cache_from_blocks(self.model, hit.values)
+        cache = cache_from_blocks(self.model, hit.values,
+                                  len(req.prompt_token_ids) + req.max_output_tokens)
         st = MainState(rid, req, peer, cache, MainHandoff(int(req.metadata["token0"])),
                        batches=self.early.pop(rid, []))
         st.report.update(md_hit_rate=hit.n_tokens / len(req.prompt_token_ids),

@@ -13,6 +13,7 @@ order, unsigned integers; ranges are half-open ``[start, end)``)::
   HELLO        JSON {"role": Role name, "name": str, "info": object}
   REQUEST      !II max_output_tokens, n_prompt | n_prompt x u32 ids | JSON metadata object
   KV_CHUNK     !HHII layer_start, layer_end, token_start, token_end | raw KV bytes
+               (+ ``filler`` zero bytes after the payload, in the frame: protocol.py)
   KV_DONE      !IQI num_tokens, kv_bytes, num_chunks
   TOKENS       !BI producer (Role), start_position | u32 ids (>= 1)
   HANDOFF      !IIB batch, start_position, final (0/1) | u32 ids (may be empty)
@@ -28,6 +29,11 @@ order, unsigned integers; ranges are half-open ``[start, end)``)::
 
 Token positions of TOKENS and HANDOFF are contiguous: ids[i] sits at
 ``start_position + i``.
+
+KV_CHUNK is the one ``BULK`` message: its data may be megabytes, so it is
+neither copied when built (bytes, bytearray or a memoryview are kept as
+they are: do not modify them afterwards) nor when decoded (the data is a
+read-only view of the frame's payload buffer), and it may carry ``filler``.
 """
 
 from __future__ import annotations
@@ -44,9 +50,18 @@ class Message:
     """Base of all payloads: ``encode() -> bytes`` and ``decode(bytes) -> message``."""
 
     MSG_TYPE: ClassVar[MsgType]
+    BULK: ClassVar[bool] = False  # large data: zero-copy encode/decode, may carry filler
+    filler = 0  # zero bytes sent after the payload in the frame (KvChunk sets it)
 
     def encode(self) -> bytes:
         raise NotImplementedError
+
+    def encode_parts(self) -> tuple[bytes | bytearray | memoryview, ...]:
+        """The payload as buffers to send in order (their join is ``encode()``)."""
+        return (self.encode(),)
+
+    def payload_size(self) -> int:
+        return len(self.encode())
 
     @classmethod
     def decode(cls, payload: bytes) -> Message:
@@ -142,33 +157,52 @@ class Request(Message):
 
 @dataclass(frozen=True)
 class KvChunk(Message):
-    """KV bytes of layers [layer_start, layer_end) x tokens [token_start, token_end)."""
+    """KV bytes of layers [layer_start, layer_end) x tokens [token_start, token_end),
+    then ``filler`` zero bytes on the wire (padding to the modeled size, not part of
+    the payload: see protocol.py).
+
+    ``data`` is kept as given (bytes, bytearray or memoryview; not copied).
+    Example: ``KvChunk(0, 4, 0, 64, kv_bytes, filler=3_000_000)``.
+    """
 
     MSG_TYPE: ClassVar[MsgType] = MsgType.KV_CHUNK
     LAYOUT: ClassVar[struct.Struct] = struct.Struct("!HHII")
+    BULK: ClassVar[bool] = True
     layer_start: int
     layer_end: int
     token_start: int
     token_end: int
-    data: bytes
+    data: bytes | bytearray | memoryview
+    filler: int = 0
 
     def __post_init__(self) -> None:
         wire.check_layout_fields(self)
         if self.layer_start >= self.layer_end or self.token_start >= self.token_end:
             raise wire.fail(self.MSG_TYPE, f"empty range: layers [{self.layer_start}, "
                         f"{self.layer_end}), tokens [{self.token_start}, {self.token_end})")
-        if not isinstance(self.data, (bytes, bytearray, memoryview)):
-            raise wire.fail(self.MSG_TYPE, f"data must be bytes, got {type(self.data).__name__}")
-        object.__setattr__(self, "data", bytes(self.data))
+        wire.check_uint(self.MSG_TYPE, "filler", self.filler, 32)
+        data = self.data
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise wire.fail(self.MSG_TYPE, f"data must be bytes, got {type(data).__name__}")
+        if isinstance(data, memoryview) and (data.format != "B" or not data.c_contiguous):
+            data = data.cast("B") if data.c_contiguous else data.tobytes()
+            object.__setattr__(self, "data", data)
 
     def encode(self) -> bytes:
+        return b"".join(self.encode_parts())
+
+    def encode_parts(self) -> tuple[bytes | bytearray | memoryview, ...]:
         head = self.LAYOUT.pack(self.layer_start, self.layer_end, self.token_start, self.token_end)
-        return head + self.data
+        return (head, self.data) if len(self.data) else (head,)
+
+    def payload_size(self) -> int:
+        return self.LAYOUT.size + len(self.data)
 
     @classmethod
-    def decode(cls, payload: bytes) -> KvChunk:
-        values, data = wire.split(cls.MSG_TYPE, cls.LAYOUT, payload)
-        return cls(*values, data)
+    def decode(cls, payload: bytes | bytearray | memoryview, filler: int = 0) -> KvChunk:
+        view = memoryview(payload).toreadonly()
+        values, data = wire.split(cls.MSG_TYPE, cls.LAYOUT, view)
+        return cls(*values, data, filler)
 
 
 @dataclass(frozen=True)
@@ -411,10 +445,19 @@ MESSAGE_CLASSES: dict[MsgType, type[Message]] = {
 assert set(MESSAGE_CLASSES) == set(MsgType), "every MsgType needs a payload class"
 
 
-def decode_payload(msg_type: MsgType, payload: bytes) -> Message:
+def decode_payload(msg_type: MsgType, payload: bytes | bytearray | memoryview,
+                   filler: int = 0) -> Message:
     """Decode ``payload`` as a ``msg_type`` message; ProtocolError if it is not one.
+
+    ``filler``: the frame's filler length (only a BULK message may have any).
+    A BULK message's data is a view of ``payload``, not a copy.
 
     >>> decode_payload(MsgType.KV_READY, b"\\x00\\x00\\x00\\x07")
     KvReady(num_tokens=7)
     """
-    return MESSAGE_CLASSES[MsgType(msg_type)].decode(bytes(payload))
+    cls = MESSAGE_CLASSES[MsgType(msg_type)]
+    if cls.BULK:
+        return cls.decode(payload, filler)
+    if filler:
+        raise wire.fail(cls.MSG_TYPE, f"{filler} filler bytes; only KV_CHUNK carries filler")
+    return cls.decode(bytes(payload))

@@ -187,20 +187,32 @@ class KVCache:
         seg.tokens = self.tokens[lo:hi]
         return seg
 
-    def to_bytes(self, start: int | None = None, end: int | None = None) -> bytes:
-        """Serialize positions [start, end) (default: all), e.g. ``c.to_bytes(512, c.end)``."""
-        seg = self.slice(self.start if start is None else start, self.end if end is None else end)
-        header = _HEADER.pack(_MAGIC, _VERSION, seg.n_layer, seg.n_head, seg.head_size,
-                              _DTYPE_CODES[seg.dtype], seg.start, seg.length)
-        np_dtype = _NP_DTYPES[seg.dtype]
-        parts = [header, np.asarray(seg.tokens, dtype="<i4").tobytes()]
-        for i in range(seg.n_layer):  # layer-major: K then V, each (nh, count, hs)
-            parts.append(seg.keys(i).numpy().astype(np_dtype).tobytes())
-            parts.append(seg.values(i).numpy().astype(np_dtype).tobytes())
-        return b"".join(parts)
+    def to_bytes(self, start: int | None = None, end: int | None = None) -> bytearray:
+        """Serialize positions [start, end) (default: all), e.g. ``c.to_bytes(512, c.end)``.
+
+        Each K/V value is copied once, straight into the returned buffer.
+        """
+        start = self.start if start is None else start
+        end = self.end if end is None else end
+        if not self.start <= start <= end <= self.end:
+            raise ValueError(f"range [{start}, {end}) outside [{self.start}, {self.end})")
+        lo, hi = start - self.start, end - self.start
+        count, nh, hs = hi - lo, self.n_head, self.head_size
+        np_dtype = _NP_DTYPES[self.dtype]
+        n_vals = self.n_layer * 2 * nh * count * hs
+        out = bytearray(_HEADER.size + 4 * count + n_vals * np_dtype.itemsize)
+        _HEADER.pack_into(out, 0, _MAGIC, _VERSION, self.n_layer, nh, hs,
+                          _DTYPE_CODES[self.dtype], start, count)
+        np.frombuffer(out, "<i4", count, _HEADER.size)[:] = self.tokens[lo:hi]
+        kv = np.frombuffer(out, np_dtype, n_vals, _HEADER.size + 4 * count)
+        kv = kv.reshape(self.n_layer, 2, nh, count, hs)  # layer-major: K then V, (nh, count, hs)
+        for i in range(self.n_layer):
+            kv[i, 0] = self.k[i][:, lo:hi].numpy()
+            kv[i, 1] = self.v[i][:, lo:hi].numpy()
+        return out
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> KVCache:
+    def from_bytes(cls, data: bytes | bytearray | memoryview) -> KVCache:
         """Rebuild a segment from ``to_bytes`` output; raises ProtocolError if malformed."""
         if len(data) < _HEADER.size:
             raise ProtocolError(f"KV payload of {len(data)} bytes is shorter than its header")
@@ -217,11 +229,10 @@ class KVCache:
         tokens = np.frombuffer(data, dtype="<i4", count=count, offset=_HEADER.size)
         kv = np.frombuffer(data, dtype=np_dtype, count=n_vals, offset=_HEADER.size + 4 * count)
         kv = kv.reshape(n_layer, 2, nh, count, hs)
-        kv = kv.astype(np_dtype.newbyteorder("="))  # native, aligned copy
-        kv = torch.from_numpy(kv)
-        seg._reserve(count)
-        for i in range(n_layer):
-            seg._put(i, kv[i, 0], kv[i, 1])
+        kv = torch.from_numpy(kv.astype(np_dtype.newbyteorder("=")))  # native, aligned copy
+        # the segment's buffers are views of that copy (capacity = count): no second copy
+        seg.k = [kv[i, 0] for i in range(n_layer)]
+        seg.v = [kv[i, 1] for i in range(n_layer)]
         seg.tokens = tokens.tolist()
         return seg
 
@@ -286,9 +297,14 @@ class TinyDecoder(nn.Module):
             else:
                 p.data.normal_(0.0, 1.0 / math.sqrt(p.shape[1]), generator=gen)
 
-    def new_cache(self) -> KVCache:
+    def new_cache(self, capacity: int = 0) -> KVCache:
+        """An empty cache with room for ``capacity`` tokens (it grows past that by doubling,
+        copying what it holds: give the final length when it is known)."""
         c = self.cfg
-        return KVCache(c.n_layer, c.n_head, c.head_size, c.torch_dtype)
+        cache = KVCache(c.n_layer, c.n_head, c.head_size, c.torch_dtype)
+        if capacity > 0:
+            cache._reserve(min(capacity, c.max_context))
+        return cache
 
     @torch.no_grad()
     def _run(self, cache: KVCache, token_ids: Sequence[int], every: bool = False) -> torch.Tensor:

@@ -31,7 +31,7 @@ from typing import ClassVar
 
 from testbed.errors import ProtocolError
 from testbed.pdd.config import ClusterConfig, Instance
-from testbed.pdd.protocol import HEADER_SIZE, Frame, Hello, Message, Role
+from testbed.pdd.protocol import Frame, Hello, Message, Role, frame_size
 from testbed.pdd.transport import Connection, ConnectionClosed, Listener, Transport
 
 log = logging.getLogger(__name__)
@@ -58,8 +58,8 @@ class Peer:
 
 
 def frame_bytes(message: Message) -> int:
-    """Bytes a frame carrying ``message`` takes on the wire (header + payload)."""
-    return HEADER_SIZE + len(message.encode())
+    """Bytes a frame carrying ``message`` takes on the wire (header + payload + filler)."""
+    return frame_size(message)
 
 
 class RoleServer:

@@ -8,14 +8,15 @@ Request lifecycle at P (docs/pdd-roles.md, steps 3-4):
    ``prefill.block_size``, values = per-block KV segments), run the tiny
    model on the missing suffix, pad to ``prefill_s(new, cached)`` on GPU_A
    (times ``time_scale``), insert the prompt's blocks. Token 0 = argmax of
-   the last logits (P does not emit it).
+   the last logits (P does not emit it). The model runs in a worker thread,
+   so KV shipping (step 3) of earlier requests goes on meanwhile.
 3. Two concurrent tasks ship the KV:
    - RLD path (p-rld-md, rld-only): REQUEST (+ token 0 in metadata
      ``token0``), KV_CHUNKs of [0, n) (RLD keeps no prefix cache, so it
      lacks the whole prompt), KV_DONE;
    - MD path (p-md, p-rld-md): REQUEST (+ token 0); wait for MD's
      KV_NEED(start); KV_CHUNKs of [start, n); KV_DONE.
-   Chunks are ``kvpayload`` payloads of modeled size.
+   Chunks are ``kvpayload`` chunks of modeled size (real KV bytes + filler).
 4. When both paths are done (or failed): REPORT to the router. A path that
    fails sends ERROR(UNAVAILABLE, "<ROLE>: why") to the router, naming the
    path's role so the router can fail or re-plan only that path.
@@ -32,12 +33,12 @@ from dataclasses import dataclass, field
 
 from testbed.pdd.config import ClusterConfig, Pipeline
 from testbed.pdd.decoder import warm_model
-from testbed.pdd.kvpayload import chunk_frame_bytes, encode_kv
+from testbed.pdd.kvpayload import chunk_frame_bytes, kv_chunk
 from testbed.pdd.model import KVCache, argmax
 from testbed.pdd.pacing import AsyncPacer
 from testbed.pdd.peers import Peer, RoleServer
-from testbed.pdd.protocol import (Cancel, Error, ErrorCode, Frame, KvChunk, KvDone,
-                                  KvNeed, Report, Request, Role)
+from testbed.pdd.protocol import (Cancel, Error, ErrorCode, Frame, KvDone, KvNeed, Report,
+                                  Request, Role)
 from testbed.pdd.radix import RadixCache
 from testbed.pdd.transport import ConnectionClosed, Transport
 
@@ -67,9 +68,10 @@ def block_segments(cache: KVCache, n_tokens: int, block_size: int) -> list[KVCac
             for i in range(0, n_tokens // block_size * block_size, block_size)]
 
 
-def cache_from_blocks(model, blocks: tuple[KVCache, ...]) -> KVCache:
-    """A cache starting at 0 made of consecutive block segments (a radix match's values)."""
-    cache = model.new_cache()
+def cache_from_blocks(model, blocks: tuple[KVCache, ...], capacity: int = 0) -> KVCache:
+    """A cache starting at 0 made of consecutive block segments (a radix match's values),
+    with room for ``capacity`` tokens."""
+    cache = model.new_cache(capacity)
     for seg in blocks:
         cache.append(seg)
     return cache
@@ -142,8 +144,11 @@ class PrefillNode(RoleServer):
         prompt = job.request.prompt_token_ids
         t_start = time.monotonic()
         hit = self.prefix.match(prompt)
-        cache = cache_from_blocks(self.model, hit.values)
-        logits, cache = self.model.prefill(prompt, cache)
+        cache = cache_from_blocks(self.model, hit.values, len(prompt))
+        # In a worker thread (torch releases the GIL while it computes): the loop keeps
+        # shipping earlier requests' KV meanwhile, instead of stalling their transfers
+        # for a whole prefill once the kernel's socket buffer has drained.
+        logits, cache = await asyncio.to_thread(self.model.prefill, prompt, cache)
         bs = self.cfg.prefill.block_size
         self.prefix.insert(prompt, block_segments(cache, len(prompt), bs))
         real_s = time.monotonic() - t_start
@@ -198,9 +203,8 @@ class PrefillNode(RoleServer):
             if job.cancelled or (job.md_cancelled and peer.role == Role.MAIN_DECODE):
                 return sent
             e = min(n, s + step)
-            data, overrun = encode_kv(job.cache, s, e, self.cfg.timing.modeled_kv_bytes(e - s))
+            chunk, overrun = kv_chunk(job.cache, s, e, self.cfg.timing.modeled_kv_bytes(e - s))
             job.report["kv_overrun_bytes"] += overrun
-            chunk = KvChunk(0, self.cfg.model.n_layer, s, e, data)
             if not await peer.send(job.rid, chunk):
                 raise ConnectionClosed(f"{peer.name} closed")
             sent += chunk_frame_bytes(chunk)

@@ -113,7 +113,8 @@ class RelayDecodeNode(RoleServer):
             return
         if isinstance(msg, Request):
             st = self._state(rid)
-            st.request, st.cache = msg, self.model.new_cache()
+            st.request = msg  # room for the prompt's KV and every token RLD may decode
+            st.cache = self.model.new_cache(len(msg.prompt_token_ids) + msg.max_output_tokens)
             return
         st = self.states.get(rid)
         if st is None or st.request is None:

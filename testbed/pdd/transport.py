@@ -29,7 +29,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from testbed.errors import ProtocolError, TestbedError
-from testbed.pdd.protocol import MAX_FRAME_BYTES, Frame, FrameDecoder, encode_frame
+from testbed.pdd.protocol import (MAX_FRAME_BYTES, Buffer, Frame, FrameDecoder,
+                                  encode_frame_parts, filler_views)
 from testbed.pdd.tcp_stream import TcpStream
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,9 @@ class Connection(abc.ABC):
     Backends implement ``_write``, ``_read`` and ``_close_transport``; framing,
     validation, counters and the closed state live here so every backend
     behaves alike. One task may ``recv`` at a time; ``send`` may be called from
-    several tasks (frames are never interleaved).
+    several tasks (frames are never interleaved). A frame is handed to the
+    backend as buffers plus a filler length, never joined: a KV_CHUNK's real
+    bytes go out as they are and its filler from a shared zero buffer.
 
     >>> async def ask(conn):
     ...     await conn.send(Frame(1, Health(nonce=5)))
@@ -73,19 +76,23 @@ class Connection(abc.ABC):
 
     async def send(self, frame: Frame) -> None:
         """Encode, validate the size of, and send one frame; waits for buffer space."""
-        await self.send_raw(encode_frame(frame, self.max_frame_bytes))
+        parts, filler = encode_frame_parts(frame, self.max_frame_bytes)
+        await self._send(parts, filler)
         self.frames_sent += 1
 
     async def send_raw(self, data: bytes) -> None:
         """Send bytes as they are: for fault injection (malformed frames) and tests."""
+        await self._send([data], 0)
+
+    async def _send(self, parts: list[Buffer], filler: int) -> None:
         if self._closed:
             raise ConnectionClosed(f"connection to {self.peer} is closed")
         async with self._send_lock:
             try:
-                await self._write(data)
+                await self._write(parts, filler)
             except OSError as err:
                 raise ConnectionClosed(f"sending to {self.peer}: {err}") from err
-            self.bytes_sent += len(data)
+            self.bytes_sent += sum(len(p) for p in parts) + filler
 
     async def recv(self) -> Frame:
         """The next frame; ConnectionClosed at the end, ProtocolError on a bad frame."""
@@ -126,8 +133,10 @@ class Connection(abc.ABC):
         await self.wait_closed()
 
     @abc.abstractmethod
-    async def _write(self, data: bytes) -> None:
-        """Hand ``data`` to the backend, waiting while its buffers are full."""
+    async def _write(self, parts: list[Buffer], filler: int) -> None:
+        """Hand ``parts`` then ``filler`` zero bytes to the backend, waiting while its
+        buffers are full. The parts may be views: once this returns the backend must
+        no longer need them (it sent or copied them)."""
 
     @abc.abstractmethod
     async def _read(self) -> bytes:
@@ -238,11 +247,14 @@ class TcpConnection(Connection):
         """The socket, for inspection only (``getsockopt``: buffer sizes, TCP_INFO)."""
         return self._transport.get_extra_info("socket")
 
-    async def _write(self, data: bytes) -> None:
-        if self._transport.is_closing():
-            raise ConnectionResetError("connection is closing")
-        self._transport.write(data)
-        await self._stream.drain()
+    async def _write(self, parts: list[Buffer], filler: int) -> None:
+        # One write per buffer, no join: asyncio sends each at once while the socket
+        # has room and copies (memcpy) only what it cannot send yet.
+        for part in parts + filler_views(filler) if filler else parts:
+            if self._transport.is_closing():
+                raise ConnectionResetError("connection is closing")
+            self._transport.write(part)
+            await self._stream.drain()
 
     async def _read(self) -> bytes:
         return await self._stream.read()

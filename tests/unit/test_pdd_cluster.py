@@ -97,7 +97,7 @@ def test_handoff_frames_carry_token_ids_only(handoff_mode):
     for r in records_of("pdd", handoff_mode):
         if r["pipeline"] == "p-rld-md":
             per_token = r["bytes"]["handoff"] / r["handoff"]["tokens"]
-            assert per_token < 8  # 4-byte ids + one 34-byte frame head per batch
+            assert per_token < 8  # 4-byte ids + one 38-byte frame head per batch
             assert per_token < kv_per_token / 500
 
 

@@ -10,8 +10,9 @@ import pytest
 from testbed.errors import ProtocolError, SpecError
 from testbed.pdd.config import (ClusterConfig, HandoffMode, Mode, config_to_dict, load_config,
                                 parse_config)
-from testbed.pdd.kvpayload import decode_kv, encode_kv
+from testbed.pdd.kvpayload import chunk_frame_bytes, decode_kv, encode_kv, kv_chunk
 from testbed.pdd.model import ModelConfig, build_model
+from testbed.pdd.protocol import HEADER_SIZE, Frame, FrameDecoder, encode_frame
 from testbed.pdd.wire import Role
 
 GOOD = {
@@ -108,21 +109,25 @@ def test_defaults_match_the_design():
     assert cfg.prefill.block_size == 16
 
 
-def test_kv_payload_is_padded_to_the_modeled_size_and_decodes_to_the_same_kv():
+def test_kv_chunk_is_padded_to_the_modeled_size_and_decodes_to_the_same_kv():
     model = build_model(ModelConfig(d_model=32, n_layer=2, n_head=2))
     _, cache = model.prefill(list(range(40)))
-    data, overrun = encode_kv(cache, 16, 40, modeled_bytes=100_000)
-    assert len(data) == 100_000 and overrun == 0
-    seg = decode_kv(data)
+    chunk, overrun = kv_chunk(cache, 16, 40, modeled_bytes=100_000)
+    assert len(chunk.data) + chunk.filler == 100_000 and overrun == 0
+    assert chunk_frame_bytes(chunk) == HEADER_SIZE + 12 + 100_000
+    assert (chunk.layer_end, chunk.token_start, chunk.token_end) == (2, 16, 40)
+    (frame,) = FrameDecoder().feed(encode_frame(Frame(1, chunk)))  # over the wire
+    seg = decode_kv(frame.message.data)
     assert (seg.start, seg.end, seg.tokens) == (16, 40, list(range(16, 40)))
     assert all((seg.keys(i) == cache.slice(16, 40).keys(i)).all() for i in range(2))
+    assert all((seg.values(i) == cache.slice(16, 40).values(i)).all() for i in range(2))
 
 
 def test_kv_payload_larger_than_modeled_is_sent_whole_and_reported():
     model = build_model(ModelConfig(d_model=32, n_layer=2, n_head=2))
     _, cache = model.prefill(list(range(8)))
-    data, overrun = encode_kv(cache, 0, 8, modeled_bytes=10)
-    assert len(data) == 10 + overrun and decode_kv(data).length == 8
+    data, filler, overrun = encode_kv(cache, 0, 8, modeled_bytes=10)
+    assert filler == 0 and len(data) == 10 + overrun and decode_kv(data).length == 8
 
 
 @pytest.mark.parametrize("data", [b"", b"\x00\x00\x10\x00abc", b"\x00\x00\x00\x03abc"])

@@ -36,6 +36,9 @@ from testbed.pdd.protocol import (
     Tokens,
     decode_payload,
     encode_frame,
+    encode_frame_parts,
+    filler_views,
+    frame_size,
     parse_header,
 )
 
@@ -96,22 +99,26 @@ def test_tokens_and_handoff_are_packed_u32_arrays():
 
 
 def _raw(msg_type=MsgType.KV_READY, payload=b"\x00\x00\x00\x01", *, magic=MAGIC,
-         version=VERSION, flags=0, length=None, payload_crc=None, header_crc=None):
+         version=VERSION, flags=0, length=None, filler=0, filler_bytes=None, payload_crc=None,
+         header_crc=None):
     """A frame built by hand, so each field can be made wrong on its own."""
     length = len(payload) if length is None else length
     crc = zlib.crc32(payload) if payload_crc is None else payload_crc
-    prefix = struct.pack("!2sBBBQII", magic, version, msg_type, flags, 1, length, crc)
+    prefix = struct.pack("!2sBBBQIII", magic, version, msg_type, flags, 1, length, filler, crc)
     hcrc = zlib.crc32(prefix) if header_crc is None else header_crc
-    return prefix + struct.pack("!I", hcrc) + payload
+    return prefix + struct.pack("!I", hcrc) + payload + (
+        bytes(filler) if filler_bytes is None else filler_bytes)
 
 
 def test_raw_helper_builds_a_valid_frame():
     assert FrameDecoder().feed(_raw()) == [Frame(1, KvReady(1))]
 
 
+_KV_FIXED = struct.pack("!HHII", 0, 1, 0, 1)
+
 BAD_FRAMES = [
     ("bad magic", _raw(magic=b"GE"), "bad magic b'GE'"),
-    ("bad version", _raw(version=2), "unsupported version 2"),
+    ("bad version", _raw(version=1), "unsupported version 1"),
     ("unknown type", _raw(msg_type=99), "unknown message type 99"),
     ("type zero", _raw(msg_type=0), "unknown message type 0"),
     ("reserved flags", _raw(flags=0x80), "reserved flags 0x80"),
@@ -128,6 +135,13 @@ BAD_FRAMES = [
     ("handoff final flag", _raw(MsgType.HANDOFF, bytes(8) + b"\x02"),
      "final flag must be 0 or 1, got 2"),
     ("kv chunk short", _raw(MsgType.KV_CHUNK, bytes(5)), "5 bytes, need at least 12"),
+    ("filler on a non-kv frame", _raw(MsgType.TOKENS, b"\x02" + bytes(8), filler=3),
+     "TOKENS frame announces 3 filler bytes; only KV_CHUNK frames carry filler"),
+    ("filler byte not zero", _raw(MsgType.KV_CHUNK, _KV_FIXED + b"kv", filler=5,
+                                  filler_bytes=b"\0\0\0\x10\0"),
+     "KV_CHUNK filler byte 3 of 5 is 0x10, not zero"),
+    ("kv payload checksum", _raw(MsgType.KV_CHUNK, _KV_FIXED + b"kv", filler=5, payload_crc=7),
+     "KV_CHUNK payload checksum mismatch"),
     ("kv chunk empty range", _raw(MsgType.KV_CHUNK, struct.pack("!HHII", 4, 4, 0, 8)),
      "empty range"),
     ("request count", _raw(MsgType.REQUEST, struct.pack("!III", 8, 3, 1) + b"{}"),
@@ -175,7 +189,7 @@ def test_decoder_rejects_bad_frame_with_precise_reason(data, reason):
 def test_oversized_length_is_rejected_from_the_header_alone():
     dec = FrameDecoder(max_frame_bytes=1024)
     header = _raw(MsgType.KV_CHUNK, payload=b"", length=2000)
-    reason = "KV_CHUNK frame of 2025 bytes exceeds max_frame_bytes=1024"
+    reason = f"KV_CHUNK frame of {HEADER_SIZE + 2000} bytes exceeds max_frame_bytes=1024"
     with pytest.raises(ProtocolError, match=reason):
         dec.feed(header)
 
@@ -247,3 +261,86 @@ def test_messages_validate_fields_when_built(build, reason):
 def test_list_token_ids_are_stored_as_tuples():
     assert Tokens(Role.PREFILL, 0, [1, 2]).token_ids == (1, 2)
     assert Request([4, 5], 2).prompt_token_ids == (4, 5)
+
+
+# -- KV_CHUNK filler: sent from a shared zero buffer, zero-checked and dropped on receive --
+
+FILLED = Frame(3, KvChunk(0, 4, 64, 128, b"real kv bytes" * 50, filler=3_000_000))
+
+
+def test_filler_frame_round_trip_whatever_the_chunking():
+    data = encode_frame(FILLED)
+    assert len(data) == HEADER_SIZE + 12 + 650 + 3_000_000
+    assert frame_size(FILLED.message) == len(data)
+    for piece in (1 << 20, 256 * 1024, 4093, len(data)):
+        dec = FrameDecoder()
+        got = [f for i in range(0, len(data), piece) for f in dec.feed(data[i: i + piece])]
+        assert got == [FILLED] and dec.buffered == 0 and dec.filler_bytes == 3_000_000
+        dec.eof()
+
+
+def test_filler_is_neither_materialised_nor_copied_when_sending():
+    data = bytearray(b"real kv bytes" * 50)
+    parts, filler = encode_frame_parts(Frame(3, KvChunk(0, 4, 64, 128, data, filler=3_000_000)))
+    assert filler == 3_000_000
+    assert any(p is data for p in parts)  # the real bytes go out as they are
+    views = filler_views(filler)
+    assert sum(map(len, views)) == filler and len({id(v.obj) for v in views}) == 1
+    assert b"".join(parts + views) == encode_frame(FILLED)
+
+
+def test_decoded_kv_data_is_a_read_only_view_of_the_payload():
+    (frame,) = FrameDecoder().feed(encode_frame(FILLED))
+    data = frame.message.data
+    assert isinstance(data, memoryview) and data.readonly and data == FILLED.message.data
+
+
+def test_decoder_keeps_no_reference_to_the_fed_buffer():
+    data = bytearray(encode_frame(FILLED))
+    dec = FrameDecoder()
+    assert dec.feed(data[:1000]) == []
+    buf = bytearray(data[1000:])
+    (frame,) = dec.feed(buf)
+    buf[:] = bytes(len(buf))  # the caller reuses its buffer: the frame must not change
+    assert frame == FILLED
+
+
+def test_payload_corruption_is_caught_before_the_filler_arrives():
+    data = bytearray(encode_frame(FILLED))
+    data[HEADER_SIZE + 20] ^= 0x01  # a real KV byte
+    with pytest.raises(ProtocolError, match="KV_CHUNK payload checksum mismatch"):
+        FrameDecoder().feed(bytes(data[: HEADER_SIZE + 12 + 650]))
+
+
+@pytest.mark.parametrize("at", [0, 1, 1 << 20, 3_000_000 - 1])
+def test_a_corrupted_filler_byte_is_caught_with_its_offset(at):
+    data = bytearray(encode_frame(FILLED))
+    data[HEADER_SIZE + 12 + 650 + at] = 0x80
+    dec = FrameDecoder()
+    with pytest.raises(ProtocolError, match=f"KV_CHUNK filler byte {at} of 3000000 is 0x80"):
+        for i in range(0, len(data), 256 * 1024):
+            dec.feed(bytes(data[i: i + 256 * 1024]))
+
+
+def test_stream_cut_inside_the_filler_is_reported():
+    data = encode_frame(FILLED)
+    dec = FrameDecoder()
+    assert dec.feed(data[:-10]) == []
+    assert dec.buffered == len(data) - 10
+    with pytest.raises(ProtocolError, match="stream ended inside a frame"):
+        dec.eof()
+
+
+def test_the_frame_bound_counts_the_filler():
+    frame = Frame(1, KvChunk(0, 1, 0, 1, b"x", filler=5000))
+    with pytest.raises(ProtocolError, match="exceeds max_frame_bytes=4096"):
+        encode_frame_parts(frame, max_frame_bytes=4096)
+    with pytest.raises(ProtocolError, match="exceeds max_frame_bytes=4096"):
+        FrameDecoder(max_frame_bytes=4096).feed(encode_frame(frame)[:HEADER_SIZE])
+
+
+def test_only_kv_chunk_payloads_take_filler():
+    with pytest.raises(ProtocolError, match="only KV_CHUNK carries filler"):
+        decode_payload(MsgType.KV_READY, b"\x00\x00\x00\x07", filler=1)
+    with pytest.raises(ProtocolError, match="filler must be an unsigned 32-bit"):
+        KvChunk(0, 1, 0, 1, b"", filler=-1)

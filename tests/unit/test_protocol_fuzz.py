@@ -52,7 +52,8 @@ def _range(draw, bound):
 @st.composite
 def kv_chunks(draw):
     layers, tokens = draw(_range(2**16 - 1)), draw(_range(2**32 - 1))
-    return KvChunk(*layers, *tokens, draw(st.binary(max_size=300)))
+    filler = draw(st.one_of(st.just(0), st.integers(1, 3000)))
+    return KvChunk(*layers, *tokens, draw(st.binary(max_size=300)), filler)
 
 
 messages = st.one_of(
@@ -99,18 +100,22 @@ def test_random_bytes_give_frames_or_protocol_error(chunks):
 
 
 @FUZZ
-@given(st.sampled_from(MsgType), u8, st.binary(max_size=64))
-def test_random_payload_after_a_valid_header_gives_frames_or_protocol_error(msg_type, flags,
-                                                                            payload):
-    """Random bytes rarely pass the CRCs; here they do, so payload decoders get fuzzed too."""
-    prefix = struct.pack("!2sBBBQII", MAGIC, VERSION, msg_type, flags % 2, 1, len(payload),
-                         zlib.crc32(payload))
-    data = prefix + struct.pack("!I", zlib.crc32(prefix)) + payload
+@given(st.sampled_from(MsgType), u8, st.binary(max_size=64), st.integers(0, 40),
+       st.binary(max_size=4))
+def test_random_payload_after_a_valid_header_gives_frames_or_protocol_error(
+        msg_type, flags, payload, filler, filler_junk):
+    """Random bytes rarely pass the CRCs; here they do, so payload decoders get fuzzed too
+    (and the filler: announced on any type, sometimes not all zero)."""
+    prefix = struct.pack("!2sBBBQIII", MAGIC, VERSION, msg_type, flags % 2, 1, len(payload),
+                         filler, zlib.crc32(payload))
+    tail = (bytes(filler) + filler_junk)[:filler]
+    data = prefix + struct.pack("!I", zlib.crc32(prefix)) + payload + tail
     try:
         got = _feed_all(FrameDecoder(), [data])
     except ProtocolError:
         return
     assert flags % 2 == 0 and len(got) == 1 and got[0].msg_type == msg_type
+    assert not any(tail) and (filler == 0 or msg_type == MsgType.KV_CHUNK)
 
 
 @FUZZ
@@ -163,3 +168,21 @@ def test_garbage_after_valid_frames_keeps_the_frames_and_fails(sent, garbage, cu
         got_more = got[len(sent):]
         assert got_more, "garbage was accepted without producing a frame"
     assert got[: len(sent)] == sent
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.binary(min_size=1, max_size=64), st.integers(1, 3 << 20), st.integers(0, 10**9),
+       st.integers(1, 1 << 18))
+def test_a_flipped_bit_in_a_large_filler_is_detected(data, filler, bit, piece):
+    """Fillers span several blocks of the shared zero buffer; any byte of them is checked."""
+    stream = bytearray(encode_frame(Frame(1, KvChunk(0, 1, 0, 1, data, filler))))
+    start = len(stream) - filler
+    bit %= 8 * filler
+    stream[start + bit // 8] ^= 1 << (bit % 8)
+    decoder = FrameDecoder()
+    try:
+        _feed_all(decoder, [bytes(stream[i: i + piece]) for i in range(0, len(stream), piece)])
+    except ProtocolError as err:
+        assert f"filler byte {bit // 8} of {filler}" in str(err)
+        return
+    raise AssertionError(f"filler bit {bit} flipped without a ProtocolError")

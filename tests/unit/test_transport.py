@@ -340,3 +340,30 @@ def test_tcp_sender_blocks_while_the_receiver_does_not_read():
     blocked, ids = run(scenario())
     assert blocked
     assert ids == list(range(64))
+
+
+def test_kv_chunks_with_filler_arrive_whole_and_are_counted(make_backend):
+    """Real bytes and several MB of filler per frame, interleaved with small frames."""
+    async def scenario():
+        backend, got, server_side = make_backend(), [], []
+
+        async def handler(conn):
+            server_side.append(conn)
+            while True:
+                got.append(await conn.recv())
+
+        sent = [Frame(i, KvChunk(0, 4, 64 * i, 64 * i + 64, bytes([i]) * 5000,
+                                 filler=(3 << 20) + i)) for i in range(1, 4)]
+        sent.insert(1, Frame(9, Tokens(Role.RELAY_DECODE, 0, (1, 2))))
+        async with await backend.server.serve(backend.host, 0, handler) as listener:
+            conn = await backend.client.connect(*listener.address)
+            for frame in sent:
+                await conn.send(frame)
+            while len(got) < len(sent):
+                await asyncio.sleep(0.01)
+            assert got == sent
+            expected = sum(len(encode_frame(f)) for f in sent)
+            assert conn.bytes_sent == server_side[0].bytes_received == expected
+            conn.close()
+
+    run(scenario())
