@@ -27,7 +27,8 @@ id 0: ``{"kind": "wan", "interval_s", "rx_bytes"`` (bytes read from P's
 connections in the interval, wire units), ``"busy"`` (a KV transfer was
 receiving chunks throughout the interval, so the rate is what the path
 gave, not what the workload offered), ``"pending": {rid: wire bytes still
-missing}, "kv_done": [rids whose KV completed in the interval]}``. Nothing
+missing}, "kv_done": {rid: time of its KV_DONE}}`` (transfers completed in
+the interval, monotonic clock). Nothing
 is sent while no transfer is pending and nothing arrived.
 """
 
@@ -93,7 +94,7 @@ class MainDecodeNode(RoleServer):
         self._receiving: set[int] = set()  # rids with chunks arriving, KV_DONE not yet
         self._busy_all_interval = False
         self._rx_mark = 0
-        self._kv_done_ids: list[int] = []  # transfers completed since the last status
+        self._kv_done_ids: dict[str, float] = {}  # transfers completed since the last status
 
     async def on_start(self) -> None:
         self.decoder.start()
@@ -112,7 +113,7 @@ class MainDecodeNode(RoleServer):
                        for st in self.states.values() if st.t_need and not st.kv_done}
             busy = self._busy_all_interval
             self._busy_all_interval = bool(self._receiving)
-            done, self._kv_done_ids = self._kv_done_ids, []
+            done, self._kv_done_ids = self._kv_done_ids, {}
             if (pending or delta or done) and self.router is not None:
                 data = {"kind": "wan", "interval_s": now - t_last, "rx_bytes": delta,
                         "busy": busy, "pending": pending, "kv_done": done}
@@ -185,7 +186,7 @@ class MainDecodeNode(RoleServer):
         bs = self.cfg.prefill.block_size
         self.drc.insert(prompt, block_segments(st.cache, len(prompt), bs))
         st.kv_done = True
-        self._kv_done_ids.append(st.rid)
+        self._kv_done_ids[str(st.rid)] = time.monotonic()
         self._not_receiving(st.rid)
         st.report.update(kv_transfer_s=time.monotonic() - st.t_need, t_kv_done=time.monotonic(),
                          drc_hit_rate=self.drc.stats.hit_rate)

@@ -217,6 +217,12 @@ class TcpOptions:
     rcvbuf_bytes: int | None = None  # SO_RCVBUF, set before connect/listen (window scale)
     recv_queue_bytes: int = 4 << 20  # received, unread bytes before the socket is paused
     connect_timeout_s: float = 10.0
+    # TCP_NOTSENT_LOWAT: the kernel takes a frame only while fewer than this many
+    # bytes wait unsent in the socket (as HTTP/2 servers do for priorities). Without
+    # it the autotuned send buffer queued tens of MB of one request's KV ahead of
+    # the next (measured: a 27 MB transfer waited 0.7 s behind a 700 MB one), so
+    # P's chunk-by-chunk interleaving of concurrent transfers had no effect.
+    notsent_lowat_bytes: int | None = 256 << 10
 
 
 def _apply_buffer_sizes(sock: socket.socket, options: TcpOptions) -> None:
@@ -237,6 +243,9 @@ class TcpConnection(Connection):
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, int(options.nodelay))
+            if options.notsent_lowat_bytes is not None:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT,
+                                options.notsent_lowat_bytes)
 
     @property
     def local_address(self) -> tuple[str, int]:
