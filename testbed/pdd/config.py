@@ -114,6 +114,8 @@ class RouterConfig:
     rld_step_budget_ms: float = _f(50.0, "RLD's batch is capped where its modeled decode step "
                                    "(unscaled) would exceed this", lo=1.0)
     anomalous_filter: bool = _f(True, "long input + short output -> rld-only (no WAN)")
+    late_kv_local: bool = _f(True, "pdd: rld-only (no WAN transfer) when the KV would reach MD "
+                             "after RLD has decoded every token")
     anomalous_min_input_tokens: int = _f(32768, "anomalous filter: modeled prompt length "
                                          "(tokens x token_scale) >=", lo=1)
     anomalous_max_output_tokens: int = _f(500, "anomalous filter: max output <", lo=1)

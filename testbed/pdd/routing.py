@@ -23,9 +23,10 @@ Rule, per mode:
   3. RLD has no room (batch or KV memory of ``RldBudget``, or
      ``rld_max_active``) -> ``p-md``: wait for the WAN rather than
      overload RLD (the collapse the paper excludes P->RLD to avoid);
-  4. the KV would reach MD after RLD has decoded every token
-     (predicted WAN time >= ``max_out`` x RLD's step time) -> ``rld-only``:
-     relaying would decode it all on RLD anyway, so the KV does not cross;
+  4. (``late_kv_local``, on by default) the KV would reach MD after RLD has
+     decoded every token (predicted WAN time >= ``max_out`` x RLD's step
+     time) -> ``rld-only``: relaying would decode it all on RLD anyway, so
+     the KV does not cross;
   5. otherwise ``p-rld-md``.
 - ``p-rld``: the anomalous filter, then step 2, then ``rld-only`` with no
   room check (the design the paper excludes because it overloads RLD).
@@ -113,7 +114,7 @@ def choose_pipeline(mode: Mode, cfg: RouterConfig, timing: TimingConfig,
         return RouteDecision(Pipeline.RLD_ONLY, "long transfer: decode on RLD")
     if inp.rld_room is not None:
         return RouteDecision(Pipeline.P_MD, f"long transfer ({inp.wan_s:.2f} s), {inp.rld_room}")
-    if inp.wan_s >= inp.rld_decode_s:
+    if cfg.late_kv_local and inp.wan_s >= inp.rld_decode_s:
         return RouteDecision(Pipeline.RLD_ONLY,
                              f"KV would reach MD ({inp.wan_s:.2f} s) after RLD's last token "
                              f"({inp.rld_decode_s:.2f} s): no WAN transfer")

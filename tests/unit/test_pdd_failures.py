@@ -68,7 +68,9 @@ def test_requests_that_cannot_finish_in_time_fail_with_a_timeout():
 
 
 def test_rejected_and_rld_finished_requests_end_cleanly():
-    cfg = small_config("pdd")
+    # late_kv_local off: the router would keep this short request's KV local
+    # (test below); here RLD must finish a relayed request before MD has its KV
+    cfg = small_config("pdd", router={"late_kv_local": False})
     too_long = ClientRequest(5, 0.0, (1,) * 4000, 200, "x")  # 4200 > max_context 4096
     short_relayed = ClientRequest(6, 0.0, RELAYED.prompt, 8, "y")  # done before MD has the KV
     records, _ = run(run_on_fake_wan(cfg, [too_long, P_MD, short_relayed]))
@@ -78,3 +80,12 @@ def test_rejected_and_rld_finished_requests_end_cleanly():
     assert short["status"] == "completed" and short["pipeline"] == "p-rld-md"
     assert producers(short) == ["RLD"] * 8 and short["handoff"]["batches"] == 0
     assert short["reports"]["MD"]["cancelled"] is True  # the router told MD to drop it
+
+
+def test_a_request_rld_finishes_before_its_kv_could_reach_md_stays_local():
+    short_relayed = ClientRequest(6, 0.0, RELAYED.prompt, 8, "y")
+    records, _ = run(run_on_fake_wan(small_config("pdd"), [short_relayed]))
+    r = records[0]
+    assert r["status"] == "completed" and r["pipeline"] == "rld-only"
+    assert "after RLD's last token" in r["reports"]["router"]["reason"]
+    assert producers(r) == ["RLD"] * 8 and r["bytes"]["kv_wan"] == 0

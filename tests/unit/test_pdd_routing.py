@@ -76,3 +76,9 @@ def test_a_mirror_can_be_asked_without_recording():
     assert m.hit(prompt) == 0 and m.hit(prompt) == 0  # asking does not insert
     m.record(prompt)
     assert m.hit(prompt + (1, 2)) == 64
+
+
+def test_late_kv_local_can_be_turned_off():
+    cfg = RouterConfig(**{**CFG.__dict__, "late_kv_local": False})
+    d = choose_pipeline(Mode.PDD, cfg, TIMING, RouteInputs(16384, 100, 3.0, 1.5, None))
+    assert d.pipeline == Pipeline.P_RLD_MD
