@@ -87,6 +87,8 @@ class PrefillConfig:
     block_size: int = _f(16, "prefix-cache block (P's cache, MD's DRC, router mirror)", lo=1)
     cache_capacity_tokens: int = _f(65536, "P's prefix cache capacity", lo=0)
     kv_chunk_tokens: int = _f(64, "tokens of KV per KV_CHUNK frame", lo=1)
+    layerwise_local: bool = _f(True, "the local (RDMA) path to RLD streams the KV while the "
+                               "prefill runs, as layers complete; the WAN path starts after")
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,14 @@ Request lifecycle at P (docs/pdd-roles.md, steps 3-4):
    - MD path (p-md, p-rld-md): REQUEST (+ token 0); wait for MD's
      KV_NEED(start); KV_CHUNKs of [start, n); KV_DONE.
    Chunks are ``kvpayload`` chunks of modeled size (real KV bytes + filler).
+   Layer-wise local path (``prefill.layerwise_local``, on by default): the
+   RLD path starts when the prefill starts, as RDMA KV transfer engines do
+   (layer by layer while the model computes): the KV of P's cached prefix
+   is there at once, the new tokens' KV becomes available in proportion to
+   the modeled prefill time elapsed, so a chunk [s, e) leaves no earlier
+   than ``start + prefill x (e - hit) / (n - hit)``; KV_DONE leaves once the
+   prefill has ended (RLD emits token 0 then, never before). The WAN path
+   to MD starts after the prefill, as in the brief and the paper's baseline.
 4. When both paths are done (or failed): REPORT to the router. A path that
    fails sends ERROR(UNAVAILABLE, "<ROLE>: why") to the router, naming the
    path's role so the router can fail or re-plan only that path.
@@ -55,7 +63,12 @@ class PrefillJob:
     need: asyncio.Future | None = None  # MD's KV_NEED start
     cancelled: bool = False
     md_cancelled: bool = False  # MD dropped the request: stop the WAN path quietly
-    report: dict = field(default_factory=dict)
+    report: dict = field(default_factory=lambda: {"kv_overrun_bytes": 0})
+    t_start: float = 0.0  # prefill start (monotonic)
+    t_end_est: float = 0.0  # when the modeled prefill will end
+    hit: int = 0  # tokens P's prefix cache held
+    prefilled: asyncio.Event = field(default_factory=asyncio.Event)  # the prefill ended
+    early: asyncio.Task | None = None  # the layer-wise local path, started with the prefill
 
     @property
     def pipeline(self) -> Pipeline:
@@ -153,19 +166,27 @@ class PrefillNode(RoleServer):
         self.prefix.insert(prompt, block_segments(cache, len(prompt), bs))
         real_s = time.monotonic() - t_start
         modeled_s = self.cost.prefill_s(len(prompt) - hit.n_tokens, hit.n_tokens)
-        overrun = await self.pacer.pad(modeled_s, real_s)
         job.cache, job.token0 = cache, argmax(logits)
+        job.t_start, job.hit = t_start, hit.n_tokens
+        job.t_end_est = t_start + max(real_s, modeled_s * self.pacer.time_scale)
+        if self.cfg.prefill.layerwise_local and \
+                job.pipeline in (Pipeline.P_RLD_MD, Pipeline.RLD_ONLY):
+            job.early = self.spawn(self._ship_path(job, Role.RELAY_DECODE), f"local {job.rid}")
+        overrun = await self.pacer.pad(modeled_s, real_s)
         job.report.update(p_hit_rate=hit.n_tokens / len(prompt), hit_tokens=hit.n_tokens,
                           prompt_len=len(prompt), queue_s=t_start - job.t_queued,
                           prefill_real_s=real_s,
                           prefill_modeled_s=modeled_s * self.pacer.time_scale,
-                          overruns=int(overrun), kv_overrun_bytes=0,
+                          overruns=int(overrun),
                           p_cache_hit_rate=self.prefix.stats.hit_rate,
                           t_prefill_end=time.monotonic())
+        job.prefilled.set()
 
     async def _ship(self, job: PrefillJob) -> None:
         paths = []
-        if job.pipeline in (Pipeline.P_RLD_MD, Pipeline.RLD_ONLY):
+        if job.early is not None:
+            paths.append(job.early)
+        elif job.pipeline in (Pipeline.P_RLD_MD, Pipeline.RLD_ONLY):
             paths.append(self._ship_path(job, Role.RELAY_DECODE))
         if job.pipeline in (Pipeline.P_RLD_MD, Pipeline.P_MD):
             paths.append(self._ship_path(job, Role.MAIN_DECODE))
@@ -203,6 +224,8 @@ class PrefillNode(RoleServer):
             if job.cancelled or (job.md_cancelled and peer.role == Role.MAIN_DECODE):
                 return sent
             e = min(n, s + step)
+            if job.early is not None and peer.role == Role.RELAY_DECODE:
+                await _until(self._release_s(job, e))
             chunk, overrun = kv_chunk(job.cache, s, e, self.cfg.timing.modeled_kv_bytes(e - s))
             job.report["kv_overrun_bytes"] += overrun
             if not await peer.send(job.rid, chunk):
@@ -210,9 +233,19 @@ class PrefillNode(RoleServer):
             sent += chunk_frame_bytes(chunk)
             chunks += 1
             await asyncio.sleep(0)  # let the other path and other roles run
+        await job.prefilled.wait()  # token 0 exists once the prefill has ended
         if not await peer.send(job.rid, KvDone(n, sent, chunks)):
             raise ConnectionClosed(f"{peer.name} closed")
         return sent
+
+    @staticmethod
+    def _release_s(job: PrefillJob, end: int) -> float:
+        """When the KV of positions [.., end) exists (layer-wise: the cached prefix at
+        once, the new tokens' in proportion to the prefill time elapsed)."""
+        n = len(job.request.prompt_token_ids)
+        if end <= job.hit or n <= job.hit:
+            return job.t_start
+        return job.t_start + (job.t_end_est - job.t_start) * (end - job.hit) / (n - job.hit)
 
     def _finish(self, job: PrefillJob, extra: dict) -> None:
         self.jobs.pop(job.rid, None)
@@ -220,3 +253,10 @@ class PrefillNode(RoleServer):
         if self.router is not None:
             report = Report(Role.PREFILL, self.name, dict(job.report, **extra))
             self.spawn(self.router.send(job.rid, report), f"report {job.rid}")
+
+
+async def _until(t: float) -> None:
+    """Sleep until monotonic time ``t`` (no-op if it has passed)."""
+    delay = t - time.monotonic()
+    if delay > 0:
+        await asyncio.sleep(delay)

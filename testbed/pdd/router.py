@@ -235,7 +235,7 @@ class RouterNode(RoleServer):
             r.rld_tokens_held = held
         if Role.MAIN_DECODE in involved:
             self.wan.commit(r.rid, wan_bytes, p_end)
-            if pred.backlog_transfers == 0:
+            if pred.backlog_transfers == 0 and self.wan.latency_bound(now, wan_bytes):
                 self._residuals[r.rid] = [pred.wan_s - pred.overhead_s, None, None]
             if md_mirror is not None:
                 r.md_prompt = tuple(prompt)  # MD's DRC will insert it

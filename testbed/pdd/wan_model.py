@@ -30,10 +30,13 @@ Inputs (all in nominal units: wire bytes x k):
 
 - overhead: what the path adds beyond bytes / capacity + 1.5 RTT (MD's
   DRC lookup and KV_NEED, P's and MD's framing, event-loop waits): each
-  transfer that had nothing ahead of it at routing, once both P's prefill
-  end and MD's KV_DONE are known, gives ``actual - predicted``
-  (``add_residual``); the overhead is their EWMA (weight
-  ``overhead_alpha``), clamped to >= 0, and is added to every prediction.
+  latency-bound transfer (nothing ahead of it at routing, and its bytes
+  take less than one RTT at the capacity) gives ``actual - predicted``
+  once both P's prefill end and MD's KV_DONE are known
+  (``add_residual``); the overhead is the median of the last
+  ``overhead_samples``, clamped to >= 0, added to every prediction. (A
+  mean let one slow first transfer on a fresh connection, 1.4 s late,
+  add 1.4 s to every prediction after it.)
 
 Prediction (``predict``): P interleaves the KV chunks of concurrent
 transfers on its one connection to MD, so transfers share the capacity
@@ -55,6 +58,7 @@ Example::
 
 from __future__ import annotations
 
+import statistics
 from collections import deque
 from dataclasses import dataclass
 
@@ -97,15 +101,14 @@ class WanModel:
 
     def __init__(self, prior_gbit: float, prior_rtt_s: float, *, window_min_s: float = 0.2,
                  window_rtts: float = 5.0, rtt_window_s: float = 2.0,
-                 overhead_alpha: float = 0.2):
+                 overhead_samples: int = 15):
         if prior_gbit <= 0 or prior_rtt_s < 0:
             raise ValueError(f"prior rate must be > 0 and RTT >= 0, got {prior_gbit}, "
                              f"{prior_rtt_s}")
         self.window_min_s, self.window_rtts = window_min_s, window_rtts
         self.rtt_window_s = rtt_window_s
-        self.overhead_alpha = overhead_alpha
         self.overhead_s = 0.0
-        self._residual = 0.0
+        self._residuals: deque[float] = deque(maxlen=overhead_samples)
         self.n_residuals = 0
         self._gbit = prior_gbit
         self._rtt = prior_rtt_s
@@ -138,12 +141,15 @@ class WanModel:
         self.rtt_s(now_s)
 
     def add_residual(self, residual_s: float) -> None:
-        """actual - predicted WAN time of a transfer that had nothing ahead of it."""
-        a = self.overhead_alpha
-        self._residual = residual_s if self.n_residuals == 0 else \
-            a * residual_s + (1 - a) * self._residual
+        """actual - predicted WAN time of a latency-bound transfer."""
+        self._residuals.append(residual_s)
         self.n_residuals += 1
-        self.overhead_s = max(0.0, self._residual)
+        self.overhead_s = max(0.0, statistics.median(self._residuals))
+
+    def latency_bound(self, now_s: float, nominal_bytes: float) -> bool:
+        """Whether ``nominal_bytes`` take less than one RTT at the capacity."""
+        rate = max(self.capacity_gbit(now_s), MIN_GBIT) * 1e9 / 8
+        return nominal_bytes / rate < self.rtt_s(now_s)
 
     def commit(self, rid: int, nominal_bytes: float, start_s: float) -> None:
         """A transfer of ``nominal_bytes`` will start at ``start_s``."""

@@ -121,12 +121,19 @@ def test_bad_priors_are_rejected():
         WanModel(prior_gbit=0, prior_rtt_s=0.04)
 
 
-def test_overhead_is_learned_from_uncontended_transfers():
-    wan = model(overhead_alpha=0.5)
+def test_overhead_is_the_median_of_recent_residuals():
+    wan = model(overhead_samples=3)
     base = wan.predict(0.0, 0.125 * GB, 0.0).wan_s  # 0.1 s + 60 ms
+    wan.add_residual(1.4)  # one outlier (a fresh connection) does not move it
     wan.add_residual(0.04)
     wan.add_residual(0.02)
-    assert wan.overhead_s == pytest.approx(0.03)
-    assert wan.predict(0.0, 0.125 * GB, 0.0).wan_s == pytest.approx(base + 0.03)
-    wan.add_residual(-0.5)  # faster than the model: never a negative overhead
+    assert wan.overhead_s == pytest.approx(0.04)
+    assert wan.predict(0.0, 0.125 * GB, 0.0).wan_s == pytest.approx(base + 0.04)
+    for _ in range(3):  # faster than the model: never a negative overhead
+        wan.add_residual(-0.5)
     assert wan.overhead_s == 0.0
+
+
+def test_latency_bound_transfers_are_shorter_than_an_rtt():
+    wan = model()  # 10 Gbit/s, 40 ms: 50 MB per RTT
+    assert wan.latency_bound(0.0, 10e6) and not wan.latency_bound(0.0, 100e6)
