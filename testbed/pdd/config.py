@@ -103,7 +103,7 @@ class RelayConfig:
 @dataclass(frozen=True)
 class MainConfig:
     drc_capacity_tokens: int = _f(65536, "MD's decode-side radix cache capacity", lo=0)
-    wan_status_interval_s: float = _f(0.05, "how often MD tells the router the KV bytes it "
+    wan_status_interval_s: float = _f(0.1, "how often MD tells the router the KV bytes it "
                                       "received and what each transfer still misses", lo=0.005)
 
 
@@ -121,11 +121,12 @@ class RouterConfig:
     anomalous_min_input_tokens: int = _f(32768, "anomalous filter: modeled prompt length "
                                          "(tokens x token_scale) >=", lo=1)
     anomalous_max_output_tokens: int = _f(500, "anomalous filter: max output <", lo=1)
-    wan_prior_gbit: float = _f(10.0, "WAN capacity before MD's first busy interval, nominal "
-                               "Gbit/s", lo=1e-9)
+    wan_prior_gbit: float = _f(10.0, "the WAN line rate, nominal Gbit/s: the capacity "
+                               "estimate before MD's first busy interval, and its ceiling",
+                               lo=1e-9)
     wan_rtt_s: float = _f(0.1, "WAN round-trip time before the first probe", lo=0.0)
-    wan_window_min_s: float = _f(0.2, "capacity = max of MD's busy-interval rates over "
-                                 "max(this, wan_window_rtts x RTT)", lo=0.01)
+    wan_window_min_s: float = _f(0.5, "capacity = bytes / busy time of MD's busy intervals "
+                                 "over max(this, wan_window_rtts x RTT)", lo=0.01)
     wan_window_rtts: float = _f(5.0, "capacity window in RTTs (see wan_window_min_s)", lo=0.0)
     rtt_probe_interval_s: float = _f(0.1, "the router pings each MD this often", lo=0.01)
     rtt_window_s: float = _f(2.0, "RTT = min of the probes of this window", lo=0.01)

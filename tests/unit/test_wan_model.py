@@ -8,7 +8,8 @@ GB = 1e9
 
 
 def model(**kw):
-    return WanModel(prior_gbit=10.0, prior_rtt_s=0.04, **kw)
+    kw.setdefault("window_min_s", 0.2)
+    return WanModel(line_gbit=10.0, prior_rtt_s=0.04, **kw)
 
 
 def feed_rate(wan, t0, t1, gbit, step=0.05):
@@ -73,6 +74,16 @@ def test_cross_traffic_share_lowers_the_estimate():
     assert wan.predict(2.0, 1.25 * GB, 2.0).wan_s > 10
 
 
+def test_bursts_above_the_line_rate_are_capped_and_averaged():
+    wan = model()
+    for i, gbit in enumerate([25.0, 2.0, 25.0, 0.0]):  # MD read in bursts
+        wan.add_rate_sample(1.0 + i * 0.05, gbit * 1e9 / 8 * 0.05, 0.05, busy=True)
+    assert wan.capacity_gbit(1.15) == pytest.approx(10.0)  # mean 13, capped at the line
+    for t in (1.2, 1.25, 1.3):  # three empty busy intervals: the mean falls below the line
+        wan.add_rate_sample(t, 0.0, 0.05, busy=True)
+    assert wan.capacity_gbit(1.3) == pytest.approx(25.0 / 5)  # [1.1, 1.3]: 25, 0, 0, 0, 0
+
+
 def test_idle_intervals_are_not_rate_samples():
     wan = model()
     feed_rate(wan, 0.0, 1.0, 8.0)
@@ -118,7 +129,7 @@ def test_processor_sharing(others, mine, expected):
 
 def test_bad_priors_are_rejected():
     with pytest.raises(ValueError):
-        WanModel(prior_gbit=0, prior_rtt_s=0.04)
+        WanModel(line_gbit=0, prior_rtt_s=0.04)
 
 
 def test_overhead_is_the_median_of_recent_residuals():
