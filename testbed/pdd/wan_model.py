@@ -25,6 +25,9 @@ Inputs (all in nominal units: wire bytes x k):
   estimate is the minimum of the last ``rtt_window_s`` (queueing from our
   own bursts is filtered; a standing queue of cross traffic, or an ``rtt``
   fault, shows within the window).
+- queue delay: the probes cross the same bottleneck queue as the KV (A ->
+  B), and that queue is FIFO: the median of the last 3 probes minus the
+  RTT is how long a byte sent now waits in it (``queue_delay_s``).
 - backlog: every request routed with a WAN path is ``commit``-ted with its
   expected bytes (what MD's DRC lacks) and the time its transfer starts
   (P's expected prefill end); MD's status lists the bytes each transfer
@@ -45,7 +48,7 @@ Prediction (``predict``): P interleaves the KV chunks of concurrent
 transfers on its one connection to MD, so transfers share the capacity
 equally (processor sharing). A fluid simulation of the committed
 transfers plus the new one, each starting at its start time, gives the
-time the new one's last byte leaves; plus 1.5 RTT (P's REQUEST to MD,
+time the new one's last byte leaves; plus the queue delay, plus 1.5 RTT (P's REQUEST to MD,
 MD's KV_NEED back, the last chunk's propagation). With nothing queued this
 is ``bytes / capacity + 1.5 RTT + overhead``; a backlog of B bytes ahead of a
 transfer of S bytes adds ``sum(min(b_i, S))`` (each queued transfer delays
@@ -78,6 +81,7 @@ class WanPrediction:
     capacity_gbit: float
     rtt_s: float
     overhead_s: float = 0.0
+    queue_delay_s: float = 0.0
 
     @property
     def arrival_s(self) -> float:
@@ -90,7 +94,8 @@ class WanPrediction:
                 "wan_backlog_bytes": int(self.backlog_bytes),
                 "wan_backlog_transfers": self.backlog_transfers,
                 "wan_gbit": round(self.capacity_gbit, 4), "wan_rtt_s": round(self.rtt_s, 6),
-                "wan_overhead_s": round(self.overhead_s, 6)}
+                "wan_overhead_s": round(self.overhead_s, 6),
+                "wan_queue_delay_s": round(self.queue_delay_s, 6)}
 
 
 @dataclass
@@ -190,6 +195,11 @@ class WanModel:
             self._rtt = min(r for _, r in self._rtts)
         return self._rtt
 
+    def queue_delay_s(self, now_s: float) -> float:
+        """Median of the last 3 RTT probes minus the RTT estimate (>= 0)."""
+        recent = [r for _, r in list(self._rtts)[-3:]]
+        return max(0.0, statistics.median(recent) - self.rtt_s(now_s)) if recent else 0.0
+
     def backlog_bytes(self) -> float:
         return sum(t.remaining for t in self._transfers.values())
 
@@ -212,9 +222,10 @@ class WanModel:
         others = [(max(now_s, t.start_s), t.remaining) for t in self._transfers.values()
                   if t.remaining > 0]
         finish = ps_finish_s(others, (max(now_s, start_s), float(nominal_bytes)), rate, now_s)
-        wan_s = finish - max(now_s, start_s) + 1.5 * rtt + self.overhead_s
+        queue_s = self.queue_delay_s(now_s)
+        wan_s = finish - max(now_s, start_s) + queue_s + 1.5 * rtt + self.overhead_s
         return WanPrediction(wan_s, start_s, sum(b for _, b in others), len(others), gbit, rtt,
-                             self.overhead_s)
+                             self.overhead_s, queue_s)
 
 
 def ps_finish_s(others: list[tuple[float, float]], mine: tuple[float, float], rate: float,

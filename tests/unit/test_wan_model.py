@@ -148,3 +148,14 @@ def test_overhead_is_the_median_of_recent_residuals():
 def test_latency_bound_transfers_are_shorter_than_an_rtt():
     wan = model()  # 10 Gbit/s, 40 ms: 50 MB per RTT
     assert wan.latency_bound(0.0, 10e6) and not wan.latency_bound(0.0, 100e6)
+
+
+def test_a_standing_queue_delays_every_new_byte():
+    wan = model(rtt_window_s=2.0)
+    for i in range(10):
+        wan.add_rtt_sample(i * 0.1, 0.040)
+    idle = wan.predict(1.0, 0.0, 1.0).wan_s
+    for i in range(10, 13):  # the bottleneck queue fills: probes wait 0.3 s in it
+        wan.add_rtt_sample(i * 0.1, 0.340)
+    p = wan.predict(1.3, 0.0, 1.3)
+    assert p.queue_delay_s == pytest.approx(0.3) and p.wan_s == pytest.approx(idle + 0.3)
