@@ -57,6 +57,22 @@ def tokens_intact(mode: dict) -> bool:
             and not mode.get("requests_mismatched"))
 
 
+def failures(modes: dict, results: list[dict]) -> list[str]:
+    """Why a run did not pass, one line each (empty when it passed)."""
+    out = [f"expectation failed: {r['name']} ({r['value']}, bound {r['bound']})"
+           for r in results if not r["passed"]]
+    for name, m in modes.items():
+        for key, what in (("tokens_lost", "token positions never delivered"),
+                          ("tokens_duplicated", "token positions delivered twice"),
+                          ("requests_mismatched", "requests whose tokens differ from a "
+                                                  "single-process greedy decode")):
+            if m.get(key):
+                failed = f" ({m['requests_failed']} requests failed)" \
+                    if key == "tokens_lost" and m.get("requests_failed") else ""
+                out.append(f"{name}: {m[key]} {what}{failed}")
+    return out
+
+
 def verification(run: RunData, mode: str) -> dict:
     """MODE/verify.json (written by the runner: tokens vs a single-process greedy
     decode) as metrics: requests_verified, requests_mismatched; {} if absent."""
@@ -84,6 +100,7 @@ def summarize(run: RunData) -> dict:
         "comparisons": compare(modes, metrics, pairs),
         "expectations": results,
         "passed": all(r["passed"] for r in results) and all(map(tokens_intact, modes.values())),
+        "failures": failures(modes, results),
     }
 
 
@@ -114,4 +131,5 @@ def summary_table(summary: dict) -> str:
         lines.append(f"{'PASS' if e['passed'] else 'FAIL'}  {e['name']}: {e['value']} "
                       f"(bound {e['bound']})")
     lines.append("passed" if summary["passed"] else "FAILED")
+    lines += [f"  because {why}" for why in summary.get("failures", [])]
     return "\n".join(lines)

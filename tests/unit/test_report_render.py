@@ -18,7 +18,8 @@ from testbed.report.plots import DEFAULT_HIT_BINS_PCT
 from testbed.report.rundir import ReportError, load_run
 
 CANNED = Path(__file__).parent / "fixtures" / "run-canned"
-TOP_KEYS = ["scenario", "backend", "scale", "modes", "comparisons", "expectations", "passed"]
+TOP_KEYS = ["scenario", "backend", "scale", "modes", "comparisons", "expectations", "passed",
+            "failures"]
 MODE_KEYS = ["requests_total", "requests_completed", "requests_failed", "tokens_lost",
              "tokens_duplicated", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_p50_ms",
              "e2e_p99_s", "goodput_rps", "handoff_stall_p99_ms", "relay_overhead_p50_ms",
@@ -89,6 +90,18 @@ def test_canned_figures(built):
         ("pdd-no-token-lost", True), ("pdd-ttft-p90-below-0.6x", True),
         ("rld-is-a-mask", True), ("handoff-stall-under-200ms", False)]
     assert s["passed"] is False
+    # the verdict names its reason: the failed expectation (no mode lost a token)
+    assert s["failures"] == ["expectation failed: handoff-stall-under-200ms "
+                             "(346.0, bound handoff_stall_p99_ms of pdd < 200)"]
+
+
+def test_lost_tokens_of_any_mode_are_named_as_a_reason():
+    from testbed.report.summary import failures
+    modes = {"pdd": {"tokens_lost": 0, "tokens_duplicated": 0, "requests_failed": 0},
+             "cross-dc-pd": {"tokens_lost": 293, "tokens_duplicated": 0, "requests_failed": 28,
+                             "requests_mismatched": 0}}
+    assert failures(modes, [{"name": "x", "passed": True, "value": 1, "bound": "b"}]) == [
+        "cross-dc-pd: 293 token positions never delivered (28 requests failed)"]
 
 
 def test_report_md_has_tables_comparisons_expectations_paper_and_plots(built):
