@@ -255,3 +255,12 @@ class RadixCache:
             count += 1
             stack.extend(c for c in node.children.values() if c.ref > 0)
         return count
+
+
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the common leading run of two token sequences: ``common_prefix_len(ab, ac) == 1``."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i

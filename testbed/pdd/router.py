@@ -38,11 +38,13 @@ ERROR to the client with the reason.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import time
 from dataclasses import dataclass, field
 
 from testbed.pdd.config import ClusterConfig, Pipeline
+from testbed.pdd.radix import common_prefix_len
 from testbed.pdd.peers import Peer, RoleServer
 from testbed.pdd.protocol import (Cancel, Done, Error, ErrorCode, Frame, Handoff, Health,
                                   HealthAck, Report, Request, Role, Tokens)
@@ -93,6 +95,9 @@ class RouterNode(RoleServer):
         self._pings: dict[int, float] = {}  # HEALTH nonce -> send time
         # uncontended transfers: rid -> [predicted WAN s, P's prefill end, MD's KV_DONE]
         self._residuals: dict[int, list] = {}
+        # KV on its way to each MD: rid -> (prompt, predicted arrival). MD waits for an
+        # in-flight prefix instead of fetching it again, so a next turn needs only the rest.
+        self.md_inflight: dict[str, dict[int, tuple[tuple[int, ...], float]]] = {}
         self._nonces = itertools.count(1)
         self.requests: dict[int, Routed] = {}
         self._by_client: dict[tuple[int, int], Routed] = {}
@@ -150,7 +155,7 @@ class RouterNode(RoleServer):
         for rid, remaining in data.get("pending", {}).items():
             self.wan.progress(int(rid), float(remaining) * k, now)
         for rid, t_done in data.get("kv_done", {}).items():
-            self.wan.done(int(rid))
+            self._transfer_over(int(rid))
             self._residual_part(int(rid), 2, float(t_done))
 
     def _residual_part(self, rid: int, index: int, t: float) -> None:
@@ -212,8 +217,15 @@ class RouterNode(RoleServer):
         prefill_s = timing.cost(Role.PREFILL).prefill_s(n - hit, hit) * timing.time_scale
         p_start = max(now, self.p_free_at.get(p_name, now))
         p_end = p_start + prefill_s
+        md = names[Role.MAIN_DECODE]
+        shared, dep_arrival = self._inflight_prefix(md, prompt)
+        start = p_end
+        if shared > md_hit:  # MD will wait for that transfer, then fetch the rest
+            md_hit, start = shared, max(p_end, dep_arrival)
         wan_bytes = (n - md_hit) * timing.token_scale * timing.kv_bytes_per_token
-        pred = self.wan.predict(now, wan_bytes, p_end)
+        pred = self.wan.predict(now, wan_bytes, start)
+        if start > p_end:  # measured from P's prefill end, the wait for the prefix included
+            pred = dataclasses.replace(pred, wan_s=pred.wan_s + start - p_end, start_s=p_end)
         rld = names[Role.RELAY_DECODE]
         active = self.rld_active.get(rld, 0)
         held = n * timing.token_scale + req.max_output_tokens
@@ -234,13 +246,15 @@ class RouterNode(RoleServer):
         if Role.RELAY_DECODE in involved:
             r.rld_tokens_held = held
         if Role.MAIN_DECODE in involved:
-            self.wan.commit(r.rid, wan_bytes, p_end)
+            self.wan.commit(r.rid, wan_bytes, start)
+            self.md_inflight.setdefault(md, {})[r.rid] = (tuple(prompt), pred.arrival_s)
             if pred.backlog_transfers == 0 and self.wan.latency_bound(now, wan_bytes):
                 self._residuals[r.rid] = [pred.wan_s - pred.overhead_s, None, None]
             if md_mirror is not None:
                 r.md_prompt = tuple(prompt)  # MD's DRC will insert it
         info = {"pipeline": d.pipeline.value, "reason": d.reason, "t_route": round(now, 6),
                 **pred.as_dict(), "predicted_prefill_end_s": round(p_end, 6),
+                "inflight_shared_tokens": shared,
                 "predicted_prefill_s": round(prefill_s, 6), "wan_nominal_bytes": wan_bytes,
                 "router_hit_tokens": hit, "router_md_hit_tokens": md_hit,
                 "rld_active": active, "rld_held_tokens": self.rld_held.get(rld, 0),
@@ -250,12 +264,28 @@ class RouterNode(RoleServer):
                 "roles": sorted(role.name for role in involved), "mode": cfg.mode.value}
         return r, info
 
+    def _inflight_prefix(self, md: str | None, prompt) -> tuple[int, float]:
+        """(longest block-aligned prefix of ``prompt`` whose KV is on its way to ``md``,
+        that transfer's predicted arrival); (0, 0.0) if none."""
+        bs, best = self.cfg.prefill.block_size, (0, 0.0)
+        for other, arrival in self.md_inflight.get(md, {}).values():
+            n = common_prefix_len(prompt, other) // bs * bs
+            if n > best[0]:
+                best = (n, arrival)
+        return best
+
+    def _transfer_over(self, rid: int) -> None:
+        """Request ``rid``'s KV is at MD, or will not be: out of the backlog."""
+        self.wan.done(rid)
+        for inflight in self.md_inflight.values():
+            inflight.pop(rid, None)
+
     def _md_has_kv(self, r: Routed) -> None:
         """MD holds the prompt's KV (its first token, or its transfer report):
         its DRC inserted the prompt, so the mirror does too. Not earlier: a
         next turn routed while the transfer is under way finds MD without it
         (MD fetches it again)."""
-        self.wan.done(r.rid)
+        self._transfer_over(r.rid)
         if r.md_prompt is not None:
             mirror = self._md_mirror(r.names.get(Role.MAIN_DECODE))
             if mirror is not None:
@@ -309,7 +339,7 @@ class RouterNode(RoleServer):
         if msg.role == Role.PREFILL and "t_prefill_end" in msg.data:
             self._residual_part(r.rid, 1, float(msg.data["t_prefill_end"]))
         if msg.role == Role.MAIN_DECODE:
-            self.wan.done(r.rid)  # the transfer ended (KV at MD, or cancelled)
+            self._transfer_over(r.rid)  # the transfer ended (KV at MD, or cancelled)
             if "kv_transfer_s" in msg.data:
                 self._md_has_kv(r)
         await r.client.send(r.client_rid, msg)
@@ -366,7 +396,7 @@ class RouterNode(RoleServer):
             if keep_wan and role in (Role.PREFILL, Role.MAIN_DECODE):
                 continue
             if role == Role.MAIN_DECODE:
-                self.wan.done(r.rid)
+                self._transfer_over(r.rid)
             peer = await self.peer_if_live(name)
             if peer is not None:
                 await peer.send(r.rid, Cancel())
@@ -376,6 +406,7 @@ class RouterNode(RoleServer):
     def _forget(self, r: Routed) -> None:
         self.requests.pop(r.rid, None)
         self._residuals.pop(r.rid, None)
+        self._transfer_over(r.rid)
         self._by_client.pop((id(r.client), r.client_rid), None)
 
 

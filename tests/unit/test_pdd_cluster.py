@@ -129,10 +129,10 @@ def test_the_router_judges_the_wan_by_what_md_lacks_not_what_p_holds():
     assert all(v.match for v in verify_records([first, second], cfg.model))
 
 
-def test_a_turn_routed_while_md_still_receives_the_prefix_counts_it_missing():
+def test_a_turn_routed_while_md_still_receives_the_prefix_waits_for_it():
     """MD's DRC has a prefix only once its KV arrived: a next turn routed
-    before that finds MD without it (and MD fetches it again), so the
-    router's MD mirror must not count it yet."""
+    before that waits at MD for that transfer and fetches only the rest, and
+    the router counts the prefix as MD's, starting the rest after it."""
     import random
 
     from testbed.pdd.client_record import ClientRequest
@@ -143,5 +143,10 @@ def test_a_turn_routed_while_md_still_receives_the_prefix_counts_it_missing():
             ClientRequest(1, 0.01, base + tuple(rng.randrange(512) for _ in range(8)), 60, "s1")]
     first, second = sorted(run(run_on_fake_wan(small_config(), reqs))[0], key=lambda r: r["id"])
     assert first["pipeline"] == "p-rld-md"
-    assert second["reports"]["router"]["router_md_hit_tokens"] == 0
-    assert second["md_hit_rate"] == 0.0 and second["pipeline"] == "p-rld-md"
+    decision = second["reports"]["router"]
+    assert decision["router_md_hit_tokens"] == 128 and decision["inflight_shared_tokens"] == 128
+    assert second["md_hit_rate"] == 128 / 136
+    assert second["reports"]["MD"]["inflight_shared_tokens"] == 128  # MD waited for it
+    # the wait for the first turn's transfer is part of the predicted WAN time
+    assert decision["predicted_kv_at_md_s"] >= first["reports"]["router"]["predicted_kv_at_md_s"]
+    assert all(v.match for v in verify_records([first, second], small_config().model))
