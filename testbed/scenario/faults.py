@@ -4,7 +4,10 @@ Owns the translation of FaultSpecs into ``Action``s (time from workload
 start, a callable, a label). An action may return further actions (none do
 yet beyond the ones planned here). Every fault logs ``fault_start`` and,
 when it has an end, ``fault_end`` to the events log, so plots can mark
-them; the network/role changes themselves log their own events.
+them; the network/role changes themselves log their own events. A fault
+that started is always ended: when the workload finishes first, the runner
+runs its end action at once (so cross traffic stops and the link is
+restored before the run's last samples, and the log pairs every start).
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ class Action:
     at_s: float
     label: str
     run: Callable[[], object]
+    starts: int | None = None  # the index of the fault this action starts
+    ends: int | None = None  # ... or ends: run even when the workload finished first
 
 
 def _logged(net, fault: FaultSpec, edge: str, fn: Callable[[], object]) -> Callable[[], object]:
@@ -50,8 +55,10 @@ def actions_for(fault: FaultSpec, net, roles) -> list[Action]:
     """The timed actions of one fault (``roles`` kills role processes)."""
     f, p, at = fault, fault.params, fault.at_s
     orig = _original(net, f.link)
-    start = lambda fn: Action(at, f"{f.kind} start", _logged(net, f, "start", fn))  # noqa: E731
-    end = lambda fn: Action(f.end_s, f"{f.kind} end", _logged(net, f, "end", fn))  # noqa: E731
+    start = lambda fn: Action(at, f"{f.kind} start", _logged(net, f, "start", fn),  # noqa: E731
+                              starts=f.index)
+    end = lambda fn: Action(f.end_s, f"{f.kind} end", _logged(net, f, "end", fn),  # noqa: E731
+                            ends=f.index)
     out: list[Action] = []
     if f.kind == "bandwidth":
         out.append(start(lambda: runtime.set_link(net, f.link, rate_gbit=p["rate_gbit"])))

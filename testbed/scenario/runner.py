@@ -55,10 +55,13 @@ def run_timeline(actions: list[Action], t0: float, until, tick) -> None:
     heap = [(a.at_s, next(seq), a) for a in actions]
     heapq.heapify(heap)
     next_tick = time.monotonic()
+    started: set[int] = set()
     while not until():
         now = time.monotonic()
         if heap and t0 + heap[0][0] <= now:
             _, _, action = heapq.heappop(heap)
+            if action.starts is not None:
+                started.add(action.starts)
             more = action.run()
             for follow in more if isinstance(more, (list, tuple)) else ():
                 if isinstance(follow, Action):
@@ -69,6 +72,9 @@ def run_timeline(actions: list[Action], t0: float, until, tick) -> None:
             next_tick = now + SAMPLE_EVERY_S
         wake = min([next_tick] + ([t0 + heap[0][0]] if heap else []))
         time.sleep(max(0.0, min(wake - time.monotonic(), 0.1)))
+    for _, _, action in sorted(heap, key=lambda e: (e[0], e[1])):
+        if action.ends in started:  # the workload finished first: end what started
+            action.run()
 
 
 def preflight(net, tol_ms: float = PREFLIGHT_RTT_TOL_MS) -> dict:

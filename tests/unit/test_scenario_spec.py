@@ -170,3 +170,13 @@ def test_timeline_runs_actions_in_time_order_and_stops():
     t0 = time.monotonic()
     run_timeline(actions, t0, lambda: len(ran) >= 3, lambda: ticks.append(1))
     assert ran == ["a", "b", "c"] and ticks
+
+
+def test_a_fault_that_started_is_ended_when_the_workload_finishes_first():
+    ran = []
+    actions = [Action(0.0, "congestion start", lambda: ran.append("start 1"), starts=1),
+               Action(60.0, "congestion end", lambda: ran.append("end 1"), ends=1),
+               Action(90.0, "loss start", lambda: ran.append("start 2"), starts=2),
+               Action(120.0, "loss end", lambda: ran.append("end 2"), ends=2)]
+    run_timeline(actions, time.monotonic(), lambda: len(ran) >= 1, lambda: None)
+    assert ran == ["start 1", "end 1"]  # fault 2 never started: nothing of it runs
