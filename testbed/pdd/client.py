@@ -9,6 +9,9 @@ router gets CANCEL -> once every request is terminal, wait up to
 ``report_grace_s`` for the roles' REPORTs (and straggling tokens) -> close
 and return one record per request (``client_record``), in workload order.
 Losing the router connection fails every open request with that reason.
+Warm-up requests (``ClientRequest.warmup``) carry ``warmup`` in their metadata;
+``python -m testbed.pdd.node`` replays them, and checks they all completed,
+before it announces "ready" and replays the measured requests.
 
 Example::
 
@@ -32,7 +35,8 @@ from testbed.pdd.protocol import (Cancel, Done, Error, Frame, Hello, Report, Req
                                   Tokens)
 from testbed.pdd.transport import Connection, ConnectionClosed, Transport
 
-__all__ = ["Client", "ClientRequest", "load_requests", "write_records", "from_workload"]
+__all__ = ["Client", "ClientRequest", "load_requests", "write_records", "from_workload",
+           "warmup_problems"]
 
 
 class Client:
@@ -76,6 +80,8 @@ class Client:
         req = trace.req
         trace.t_sent = time.monotonic()
         meta = {"id": req.id, "session": req.session}
+        if req.warmup:
+            meta["warmup"] = True
         try:
             await self._conn.send(Frame(rid, Request(req.prompt, req.max_out, meta)))
         except (ConnectionClosed, ProtocolError) as err:
@@ -140,9 +146,9 @@ def from_workload(requests: Iterable) -> list[ClientRequest]:
 
 def load_requests(path: str | Path) -> list[ClientRequest]:
     """Read a JSONL workload: one {"id", "arrival_s", "prompt", "max_out", "session",
-    "designed_hit_rate"} per line (the last two optional)."""
+    "designed_hit_rate", "warmup"} per line (the last three optional)."""
     out = []
-    keys = {"id", "arrival_s", "prompt", "max_out", "session", "designed_hit_rate"}
+    keys = {"id", "arrival_s", "prompt", "max_out", "session", "designed_hit_rate", "warmup"}
     for n, line in enumerate(Path(path).read_text().splitlines(), 1):
         if not line.strip():
             continue
@@ -152,8 +158,18 @@ def load_requests(path: str | Path) -> list[ClientRequest]:
             raise SpecError(str(path), f"line {n}", f"an object with keys {sorted(keys)}", obj)
         out.append(ClientRequest(obj["id"], float(obj.get("arrival_s", 0.0)),
                                  tuple(obj["prompt"]), obj["max_out"], obj.get("session", 0),
-                                 obj.get("designed_hit_rate")))
+                                 obj.get("designed_hit_rate"), bool(obj.get("warmup", False))))
     return out
+
+
+def warmup_problems(records: Sequence[dict]) -> list[str]:
+    """Why a warm-up did not do its job (a request failed, lost or repeated tokens)."""
+    return [f"warm-up request {r['id']}: " + (f"{r['status']} ({r['reason']})"
+                                              if r["status"] != "completed" else
+                                              f"{r['tokens_lost']} tokens lost, "
+                                              f"{r['tokens_duplicated']} duplicated")
+            for r in records if r["status"] != "completed" or r["tokens_lost"]
+            or r["tokens_duplicated"]]
 
 
 def write_records(path: str | Path, records: Iterable[dict]) -> None:

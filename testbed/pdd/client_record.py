@@ -51,6 +51,7 @@ class ClientRequest:
     max_out: int
     session: int | str = 0
     designed_hit_rate: float | None = None  # the workload's, for the report
+    warmup: bool = False  # a warm-up request: sent before the measured ones (router: p-md)
 
 
 @dataclass(eq=False)

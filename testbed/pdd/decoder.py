@@ -3,7 +3,10 @@
 Owns the active sequences of one decode instance and the step loop. Every
 step decodes one token for each active sequence (real tiny-model compute,
 one ``decode_step`` per sequence) and runs every queued ``extend`` (MD's
-recompute of handed-over token ids) in the same step; the step is then
+recompute of handed-over token ids) in the same step -- except that a step
+with an ``urgent`` extend queued (a final handoff batch: the client waits for
+it) takes only the urgent ones and leaves the rest (catch-up's earlier
+batches, while RLD still decodes) to the next step; the step is then
 padded to the cost model's time for the whole pass (``CostModel.pass_s``
 of ``(1, context)`` per sequence plus ``(n, context)`` per extend, times
 ``time_scale``). Tokens exist only once the step's modeled time is over:
@@ -69,6 +72,7 @@ class _ExtendJob:
     cache: KVCache
     token_ids: tuple[int, ...]
     future: asyncio.Future
+    urgent: bool = False
 
 
 class DecodeLoop:
@@ -109,12 +113,14 @@ class DecodeLoop:
     def leave(self, rid: int) -> Seq | None:
         return self.active.pop(rid, None)
 
-    def extend(self, cache: KVCache, token_ids: tuple[int, ...]) -> asyncio.Future:
-        """Queue an extend pass for the next step; the future gives the argmax after it."""
+    def extend(self, cache: KVCache, token_ids: tuple[int, ...],
+               urgent: bool = False) -> asyncio.Future:
+        """Queue an extend pass for the next step (the next one with only urgent extends if
+        any is urgent, see the module docstring); the future gives the argmax after it."""
         if not token_ids:
             raise ValueError("extend needs at least one token id")
         fut = asyncio.get_running_loop().create_future()
-        self._extends.append(_ExtendJob(cache, tuple(token_ids), fut))
+        self._extends.append(_ExtendJob(cache, tuple(token_ids), fut, urgent))
         self._wake.set()
         return fut
 
@@ -127,7 +133,11 @@ class DecodeLoop:
 
     async def _step(self) -> None:
         seqs, jobs = list(self.active.values()), self._extends
-        self._extends = []
+        if any(j.urgent for j in jobs):
+            jobs, self._extends = ([j for j in jobs if j.urgent],
+                                   [j for j in jobs if not j.urgent])
+        else:
+            self._extends = []
         segments = [(1, s.cache.length) for s in seqs]
         segments += [(len(j.token_ids), j.cache.length) for j in jobs]
         t0 = time.monotonic()

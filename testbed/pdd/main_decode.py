@@ -266,7 +266,7 @@ class MainDecodeNode(RoleServer):
         if h.final:
             return  # e.g. the router's re-sent tokens after RLD's own final batch
         new = h.plan(msg.start_position, msg.token_ids, msg.final)
-        predicted = await self.decoder.extend(st.cache, new) if new else None
+        predicted = await self.decoder.extend(st.cache, new, urgent=msg.final) if new else None
         h.applied(new, predicted, msg.final)
         st.report["extend_tokens"] += len(new)
         st.report["handoff_batches"] += 1

@@ -20,9 +20,10 @@ import asyncio
 import logging
 import signal
 import sys
+from pathlib import Path
 
 from testbed.errors import TestbedError
-from testbed.pdd.client import Client, load_requests, write_records
+from testbed.pdd.client import Client, load_requests, warmup_problems, write_records
 from testbed.pdd.cluster import ROLE_CLASSES
 from testbed.pdd.config import ClusterConfig, load_config
 from testbed.pdd.model import set_threads
@@ -46,7 +47,16 @@ async def serve_role(cfg: ClusterConfig, name: str) -> None:
 
 
 async def run_client(cfg: ClusterConfig, name: str, workload: str, out: str) -> None:
+    """Warm-up requests first (records in warmup.jsonl beside ``out``; any failure ends the
+    client with exit 1 before "ready"), then "ready" and the measured replay."""
     requests = load_requests(workload)
+    warm = [r for r in requests if r.warmup]
+    requests = [r for r in requests if not r.warmup]
+    if warm:
+        records = await Client(cfg, TcpTransport(), name).run(warm)
+        write_records(Path(out).with_name("warmup.jsonl"), records)
+        if problems := warmup_problems(records):
+            raise SystemExit("error: warm-up failed: " + "; ".join(problems))
     progress = open(out + ".progress", "w")  # one line per ended request, for a live status
 
     def on_end(request_id) -> None:

@@ -233,7 +233,8 @@ class RouterNode(RoleServer):
         step = timing.cost(Role.RELAY_DECODE).decode_step_s(active + 1, (active + 1) * n)
         rld_decode_s = req.max_output_tokens * step * timing.time_scale
         d = choose_pipeline(cfg.mode, cfg.router, timing,
-                            RouteInputs(n, req.max_output_tokens, pred.wan_s, rld_decode_s, room))
+                            RouteInputs(n, req.max_output_tokens, pred.wan_s, rld_decode_s, room,
+                                        warmup=bool(req.metadata.get("warmup"))))
         involved = {Role.PREFILL}
         if d.pipeline != Pipeline.P_MD:
             involved.add(Role.RELAY_DECODE)

@@ -14,6 +14,9 @@ alone underestimates the transfer. The WAN time itself comes from
 Rule, per mode:
 
 - ``cross-dc-pd``: always ``p-md``; ``same-dc-pd``: always ``rld-only``.
+- a warm-up request (metadata ``warmup``; it puts a shared system prompt in
+  P's cache and MD's DRC before the measured requests) -> ``p-md`` in every
+  other mode.
 - ``pdd``: in order,
   1. anomalous filter (when on): modeled prompt >= ``anomalous_min_input_tokens``
      and max output < ``anomalous_max_output_tokens`` -> ``rld-only``
@@ -58,6 +61,7 @@ class RouteInputs:
     wan_s: float  # predicted prefill end -> KV complete at MD (wan_model)
     rld_decode_s: float  # RLD's time to decode all max_out tokens (modeled, time-scaled)
     rld_room: str | None  # None: RLD can take it; else why not
+    warmup: bool = False  # a warm-up request (client metadata)
 
 
 @dataclass(frozen=True)
@@ -101,6 +105,8 @@ def choose_pipeline(mode: Mode, cfg: RouterConfig, timing: TimingConfig,
         return RouteDecision(Pipeline.P_MD, "baseline: all p-md")
     if mode == Mode.SAME_DC_PD:
         return RouteDecision(Pipeline.RLD_ONLY, "baseline: all same-DC")
+    if inp.warmup:
+        return RouteDecision(Pipeline.P_MD, "warm-up: p-md fills P's cache and MD's DRC")
     guard = mode == Mode.PDD
     if (cfg.anomalous_filter and inp.prompt_len * timing.token_scale
             >= cfg.anomalous_min_input_tokens

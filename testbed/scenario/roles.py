@@ -60,6 +60,7 @@ def cluster_dict(net, mode_run, settings) -> dict:
                   "catchup_threshold": pdd.catchup_threshold_tokens},
         "router": {"relay_threshold_s": pdd.relay_threshold_s,
                    "anomalous_filter": pdd.anomalous_filter,
+                   "late_kv_local": pdd.late_kv_local,
                    "anomalous_min_input_tokens": pdd.anomalous_min_input_tokens,
                    "anomalous_max_output_tokens": pdd.anomalous_max_output_tokens,
                    "wan_prior_gbit": topo.wan.a_to_b.rate_gbit,
@@ -70,17 +71,22 @@ def cluster_dict(net, mode_run, settings) -> dict:
 
 
 def write_workload(path: Path, workload) -> None:
+    """The client's workload.jsonl: warm-up requests (``"warmup": true``), then the rest."""
     with path.open("w") as fh:
-        for r in workload.requests:
-            fh.write(json.dumps({"id": r.id, "arrival_s": r.arrival_s, "prompt": list(r.prompt),
-                                 "max_out": r.output_len, "session": r.session,
-                                 "designed_hit_rate": r.designed_hit_rate}) + "\n")
+        for r in tuple(getattr(workload, "warmup", ())) + tuple(workload.requests):
+            line = {"id": r.id, "arrival_s": r.arrival_s, "prompt": list(r.prompt),
+                    "max_out": r.output_len, "session": r.session,
+                    "designed_hit_rate": r.designed_hit_rate}
+            if r.warmup:
+                line["warmup"] = True
+            fh.write(json.dumps(line) + "\n")
 
 
 class RoleSet:
     def __init__(self, net, cfg: dict, mode_dir: Path, ready_timeout_s: float = READY_TIMEOUT_S):
         self.net, self.cfg, self.dir = net, cfg, mode_dir
         self.ready_timeout_s = ready_timeout_s
+        self.warmup_timeout_s = 0.0  # set when the workload has warm-up requests
         self.logs = mode_dir / "roles"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.config_path = mode_dir / "cluster.json"
@@ -114,8 +120,9 @@ class RoleSet:
         inst = next(i for i in self.cfg["instances"] if i["role"] == "client")
         self.client = self._start(inst, ["--workload", str(workload_path),
                                          "--out", str(self.requests_path)])
+        # the client runs the warm-up requests (if any) before it is ready
         _wait_ready(self.client, inst["name"], self.logs / f"{inst['name']}.log",
-                    self.ready_timeout_s)
+                    self.ready_timeout_s + self.warmup_timeout_s)
         self.t0 = time.monotonic()
 
     # -- the runner's view ---------------------------------------------
@@ -173,6 +180,8 @@ def start_roles(net, sc, mode_run, workload, mode_dir: Path,
     try:
         wl = mode_dir / "workload.jsonl"
         write_workload(wl, workload)
+        if getattr(workload, "warmup", ()):
+            roles.warmup_timeout_s = 2 * mode_run.pdd.request_timeout_s
         roles.start_servers()
         roles.start_client(wl)
     except BaseException:

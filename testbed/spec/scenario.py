@@ -45,6 +45,7 @@ class PddSettings:
     handoff_mode: HandoffMode = HandoffMode.CATCH_UP
     catchup_threshold_tokens: int = 64
     anomalous_filter: bool = True
+    late_kv_local: bool = True           # rld-only when the KV would reach MD after the last token
     anomalous_min_input_tokens: int = 65536   # modeled (real x token_scale)
     anomalous_max_output_tokens: int = 500
     relay_threshold_s: float = 0.5       # expected WAN time above which pdd relays
@@ -118,6 +119,7 @@ def _parse_pdd(f: Fields | None, d: PddSettings = PddSettings()) -> PddSettings:
         catchup_threshold_tokens=f.int("catchup_threshold_tokens", d.catchup_threshold_tokens,
                                        lo=1),
         anomalous_filter=f.bool("anomalous_filter", d.anomalous_filter),
+        late_kv_local=f.bool("late_kv_local", d.late_kv_local),
         anomalous_min_input_tokens=f.int("anomalous_min_input_tokens",
                                          d.anomalous_min_input_tokens, lo=1),
         anomalous_max_output_tokens=f.int("anomalous_max_output_tokens",

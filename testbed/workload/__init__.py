@@ -46,8 +46,10 @@ def build_workload(spec: WorkloadSpec, base_dir: str | Path = ".") -> Workload:
     else:
         requests = load_mooncake(spec, base_dir)
         bins = pdd_bins()
-    stats, measured = summarize(requests, bins)
-    return Workload(requests, spec, stats, measured)
+    warmup = tuple(r for r in requests if r.warmup)
+    requests = tuple(r for r in requests if not r.warmup)
+    stats, measured = summarize(requests, bins, preload=warmup)
+    return Workload(requests, spec, stats, measured, warmup)
 
 
 def load_workload(path: str | Path) -> Workload:

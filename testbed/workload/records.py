@@ -34,6 +34,7 @@ class Request:
     session: int  # conversation id; turns of one session share prefixes
     designed_hit_rate: float  # fraction of the prompt meant to repeat an earlier prompt's prefix
     anomalous: bool = False  # long input, < 500 output tokens (PDD's filtered traffic)
+    warmup: bool = False  # sent before the measured requests; not measured
 
     @property
     def input_len(self) -> int:
@@ -91,12 +92,17 @@ class Workload:
     stats: WorkloadStats
     # measured hit fraction of each request (same order as requests)
     measured_hit_rates: tuple[float, ...] = field(repr=False)
+    # sent (and completed) before the measured requests, which see their prompts cached
+    warmup: tuple[Request, ...] = field(default=(), repr=False)
 
 
 def summarize(requests: Sequence[Request], bins: tuple[HitBin, ...],
-              block_tokens: int = BLOCK_TOKENS) -> tuple[WorkloadStats, tuple[float, ...]]:
-    """Statistics and per-request measured hit fractions, replaying prompts in order."""
-    hits = measure_hit_tokens((r.prompt for r in requests), block_tokens)
+              block_tokens: int = BLOCK_TOKENS, preload: Sequence[Request] = ()
+              ) -> tuple[WorkloadStats, tuple[float, ...]]:
+    """Statistics and per-request measured hit fractions, replaying prompts in order
+    after the ``preload`` prompts (warm-up requests, themselves not counted)."""
+    prompts = [r.prompt for r in preload] + [r.prompt for r in requests]
+    hits = measure_hit_tokens(prompts, block_tokens)[len(preload):]
     lens = [r.input_len for r in requests]
     rates = tuple(h / n for h, n in zip(hits, lens))
     shares = histogram((100.0 * x for x in rates), bins)

@@ -61,6 +61,10 @@ class SessionSpec:
     concurrent: int = 16  # sessions open at once; each request goes to one at random
     turns: int = 8  # requests per session before it is replaced by a new one
     shared_prefixes: int = 4  # system prompts shared by sessions (session id mod count)
+    # True: each shared system prompt is sent once before the measured requests (a
+    # warm-up, not measured), as a long-running deployment already holds them; False:
+    # the first use of each is a cold, measured request
+    warmup: bool = False
 
 
 @dataclass(frozen=True)
@@ -118,7 +122,8 @@ def _parse_sessions(f: Fields | None) -> SessionSpec:
     d = SessionSpec()
     spec = SessionSpec(concurrent=f.int("concurrent", d.concurrent, lo=1, hi=100_000),
                        turns=f.int("turns", d.turns, lo=1, hi=MAX_REQUESTS),
-                       shared_prefixes=f.int("shared_prefixes", d.shared_prefixes, lo=1, hi=1024))
+                       shared_prefixes=f.int("shared_prefixes", d.shared_prefixes, lo=1, hi=1024),
+                       warmup=f.bool("warmup", d.warmup))
     f.done()
     return spec
 

@@ -35,6 +35,12 @@ therefore sets the length of rewound prompts and the cap of growing
 sessions; continuing prompts are longer than L on average. Anomalous
 requests (optional) are fresh prompts in sessions of their own.
 
+With ``sessions.warmup``, the shared system prompts start warm: step 1 has no
+cold request, and each shared prompt is instead a warm-up request (after the
+measured ones, ids n.., arrival 0, ``WARMUP_OUTPUT_TOKENS`` output tokens,
+``warmup=True``), which the runner sends and completes before the measured
+requests.
+
 Example::
 
     reqs = generate_synthetic(spec.synthetic)
@@ -53,6 +59,9 @@ from testbed.workload.hitrate import HitBin, sample_targets
 from testbed.workload.records import Request
 from testbed.workload.spec import SyntheticSpec
 from testbed.workload.tokens import VOCAB_SIZE, as_prompt
+
+
+WARMUP_OUTPUT_TOKENS = 16
 
 
 @dataclass
@@ -116,7 +125,7 @@ class _Builder:
         self.cap = spec.input_len.max_tokens
         k = spec.sessions.shared_prefixes
         self.shared = [self.fresh(self.cap) for _ in range(k)]
-        self.shared_warm = [False] * k
+        self.shared_warm = [spec.sessions.warmup] * k
         self.next_session = 0
         self.slots = [self.new_session() for _ in range(spec.sessions.concurrent)]
 
@@ -171,7 +180,8 @@ class _Builder:
 
 
 def generate_synthetic(spec: SyntheticSpec) -> tuple[Request, ...]:
-    """Requests in arrival order; deterministic for a given spec (seed included).
+    """Requests in arrival order (then the warm-up requests, if any); deterministic for a
+    given spec (seed included).
 
     Example: ``generate_synthetic(spec) == generate_synthetic(spec)`` is True.
     """
@@ -191,4 +201,9 @@ def generate_synthetic(spec: SyntheticSpec) -> tuple[Request, ...]:
         out.append(Request(id=i, arrival_s=float(d.arrival_s[i]), prompt=as_prompt(prompt),
                            output_len=max(1, output_len), session=sid,
                            designed_hit_rate=hit / len(prompt), anomalous=bool(d.anomalous[i])))
+    if spec.sessions.warmup:
+        n = len(out)
+        out += [Request(id=n + k, arrival_s=0.0, prompt=as_prompt(p),
+                        output_len=WARMUP_OUTPUT_TOKENS, session=builder.next_session + k, designed_hit_rate=0.0,
+                        warmup=True) for k, p in enumerate(builder.shared)]
     return tuple(out)

@@ -70,3 +70,30 @@ def test_a_sequence_that_leaves_during_a_step_emits_nothing_more():
 
     asyncio.run(main())
     assert [e.position for e in emitted] == [1]
+
+
+def test_an_urgent_extend_does_not_wait_for_a_long_one_queued_before_it():
+    """A final handoff batch (urgent) gets a step of its own, without the 200-token catch-up
+    batch queued before it; that one runs in the next step, and both predictions are
+    exact."""
+    model = warm_model(CFG)
+
+    async def main():
+        loop = DecodeLoop(model, CostModel(GPU_A, token_scale=32), AsyncPacer(time_scale=0.5),
+                          lambda batch: asyncio.sleep(0))
+        loop.start()
+        _, long_cache = model.prefill([3] * 20)
+        _, short_cache = model.prefill([4] * 20)
+        done = []
+        big = loop.extend(long_cache, tuple(range(1, 201)))
+        small = loop.extend(short_cache, (5, 6), urgent=True)
+        big.add_done_callback(lambda f: done.append("big"))
+        small.add_done_callback(lambda f: done.append("small"))
+        results = await asyncio.gather(big, small)
+        await loop.stop()
+        return done, results, loop.n_steps
+
+    done, (big, small), n_steps = asyncio.run(main())
+    assert done == ["small", "big"] and n_steps == 2
+    assert big == argmax(model.prefill([3] * 20 + list(range(1, 201)))[0])
+    assert small == argmax(model.prefill([4] * 20 + [5, 6])[0])

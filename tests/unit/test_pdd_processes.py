@@ -56,5 +56,27 @@ def test_a_workload_over_tcp_processes_completes_with_exact_tokens(procs):
     assert all(v.match for v in verify_records(records, procs.cfg.model))
 
 
+def test_warmup_requests_run_first_go_p_md_and_fill_mds_drc(procs):
+    """The client replays warm-up lines before "ready" (records in warmup.jsonl, not in
+    requests.jsonl); a warm-up goes p-md even where the router would relay, so the
+    measured request that shares its prompt finds it in MD's DRC."""
+    rng = random.Random(12)
+    system = [rng.randrange(512) for _ in range(96)]  # + 32: under the anomalous length
+    requests = [{"id": 1, "arrival_s": 0.0, "max_out": 60, "session": 1,
+                 "prompt": system + [rng.randrange(512) for _ in range(32)]},
+                {"id": 0, "arrival_s": 0.0, "max_out": 8, "session": 0, "prompt": system,
+                 "warmup": True}]
+    workload, out = procs.run_dir / "warm.jsonl", procs.run_dir / "warm-requests.jsonl"
+    workload.write_text("".join(json.dumps(r) + "\n" for r in requests))
+    assert procs.run_client("client", workload, out).returncode == 0
+    warm = [json.loads(line) for line in (procs.run_dir / "warmup.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["id"], r["status"], r["pipeline"]) for r in warm] == [(0, "completed", "p-md")]
+    assert [r["id"] for r in records] == [1] and records[0]["status"] == "completed"
+    assert records[0]["pipeline"] == "p-rld-md", records[0]["reports"]["router"]["reason"]
+    assert records[0]["md_hit_rate"] == pytest.approx(96 / 128)
+    assert all(v.match for v in verify_records(warm + records, procs.cfg.model))
+
+
 def test_sigterm_stops_every_role_cleanly(procs):
     assert procs.stop() == {"p0": 0, "rld0": 0, "md0": 0, "router": 0}

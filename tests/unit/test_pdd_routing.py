@@ -82,3 +82,15 @@ def test_late_kv_local_can_be_turned_off():
     cfg = RouterConfig(**{**CFG.__dict__, "late_kv_local": False})
     d = choose_pipeline(Mode.PDD, cfg, TIMING, RouteInputs(16384, 100, 3.0, 1.5, None))
     assert d.pipeline == Pipeline.P_RLD_MD
+
+
+@pytest.mark.parametrize("mode, want", [(Mode.PDD, Pipeline.P_MD), (Mode.P_RLD, Pipeline.P_MD),
+                                        (Mode.CROSS_DC_PD, Pipeline.P_MD),
+                                        (Mode.SAME_DC_PD, Pipeline.RLD_ONLY)])
+def test_a_warmup_request_goes_p_md_to_fill_the_drc(mode, want):
+    """A cold 40K-token system prompt with 16 output tokens would be anomalous (rld-only):
+    as a warm-up it crosses, so MD's DRC holds it like P's cache does."""
+    d = choose_pipeline(mode, CFG, TIMING, RouteInputs(40000, 16, 3.0, 0.2, None, warmup=True))
+    assert d.pipeline == want
+    plain = choose_pipeline(Mode.PDD, CFG, TIMING, RouteInputs(40000, 16, 3.0, 0.2, None))
+    assert plain.pipeline == Pipeline.RLD_ONLY

@@ -180,3 +180,24 @@ def test_a_fault_that_started_is_ended_when_the_workload_finishes_first():
                Action(120.0, "loss end", lambda: ran.append("end 2"), ends=2)]
     run_timeline(actions, time.monotonic(), lambda: len(ran) >= 1, lambda: None)
     assert ran == ["start 1", "end 1"]  # fault 2 never started: nothing of it runs
+
+
+def test_router_settings_reach_the_cluster_config():
+    """A mode's pdd: settings (here late_kv_local and the anomalous filter) end up in
+    the router section of the cluster config the roles load, and it validates."""
+    from types import SimpleNamespace
+
+    from testbed.pdd.config import parse_config
+    from testbed.scenario.roles import cluster_dict
+
+    data = changed("modes", ["pdd", {"name": "no-filters", "mode": "pdd",
+                                     "pdd": {"anomalous_filter": False, "late_kv_local": False}}])
+    data["expectations"] = data["expectations"][:1]
+    sc = parse_scenario(data, FILE)
+    assert sc.modes[0].pdd.late_kv_local and not sc.modes[1].pdd.late_kv_local
+    net = SimpleNamespace(plan=SimpleNamespace(topology=sc.topology, scale=25))
+    routers = [parse_config(cluster_dict(net, m, {})).router for m in sc.modes]
+    assert [(r.late_kv_local, r.anomalous_filter) for r in routers] == [(True, True),
+                                                                        (False, False)]
+    with pytest.raises(SpecError, match="late_kv_local"):
+        parse_scenario(changed("pdd", {"late_kv_local": "yes"}), FILE)

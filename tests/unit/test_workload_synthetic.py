@@ -191,3 +191,23 @@ def test_fit_length_lands_in_the_bin(hit, h, b, want):
 def test_histogram_counts_point_bins_first():
     bins = (HitBin(0, 0, 0.5), HitBin(0, 100, 0.5))
     assert histogram([0.0, 0.0, 50.0, 100.0], bins) == (0.5, 0.5)
+
+
+def test_warmup_sends_the_shared_prompts_first_and_leaves_no_cold_measured_request():
+    sessions = {"concurrent": 8, "turns": 8, "shared_prefixes": 3}
+    cold = build_workload(spec_of(n_requests=200, sessions=sessions))
+    warm = build_workload(spec_of(n_requests=200, sessions={**sessions, "warmup": True}))
+    assert cold.warmup == () and len(warm.warmup) == 3
+    assert all(w.warmup and w.arrival_s == 0 and w.output_len == 16 for w in warm.warmup)
+    assert [w.id for w in warm.warmup] == [200, 201, 202]
+    assert [r.id for r in warm.requests] == list(range(200))
+    # the first use of each shared prompt was a full-length cold request; now it is a hit
+    n_cold = sum(r.designed_hit_rate == 0 and len(r.prompt) == 2048 for r in cold.requests)
+    assert n_cold >= 3
+    assert {w.prompt[:16] for w in warm.warmup} == {r.prompt[:16] for r in cold.requests
+                                                   if r.designed_hit_rate == 0
+                                                   and len(r.prompt) == 2048}
+    # the designed hit rates are what a cache that saw the warm-up first measures
+    designed = [r.designed_hit_rate for r in warm.requests]
+    assert designed == pytest.approx(list(warm.measured_hit_rates), abs=1e-12)
+    assert warm.stats.hit_rate_mean > cold.stats.hit_rate_mean
