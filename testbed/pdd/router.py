@@ -44,11 +44,11 @@ import time
 from dataclasses import dataclass, field
 
 from testbed.pdd.config import ClusterConfig, Pipeline
-from testbed.pdd.radix import common_prefix_len
 from testbed.pdd.peers import Peer, RoleServer
 from testbed.pdd.protocol import (Cancel, Done, Error, ErrorCode, Frame, Handoff, Health,
                                   HealthAck, Report, Request, Role, Tokens)
-from testbed.pdd.routing import PrefixMirror, RldBudget, RouteInputs, choose_pipeline
+from testbed.pdd.routing import (InflightPrefixes, PrefixMirror, RldBudget, RouteInputs,
+                                 choose_pipeline)
 from testbed.pdd.wan_model import WanModel
 from testbed.pdd.transport import Transport
 
@@ -93,11 +93,7 @@ class RouterNode(RoleServer):
         self.rld_held: dict[str, int] = {}  # modeled KV tokens per RLD
         self.p_free_at: dict[str, float] = {}  # P's expected end of its queued prefills
         self._pings: dict[int, float] = {}  # HEALTH nonce -> send time
-        # uncontended transfers: rid -> [predicted WAN s, P's prefill end, MD's KV_DONE]
-        self._residuals: dict[int, list] = {}
-        # KV on its way to each MD: rid -> (prompt, predicted arrival). MD waits for an
-        # in-flight prefix instead of fetching it again, so a next turn needs only the rest.
-        self.md_inflight: dict[str, dict[int, tuple[tuple[int, ...], float]]] = {}
+        self.md_inflight = InflightPrefixes(cfg.prefill.block_size)
         self._nonces = itertools.count(1)
         self.requests: dict[int, Routed] = {}
         self._by_client: dict[tuple[int, int], Routed] = {}
@@ -105,7 +101,6 @@ class RouterNode(RoleServer):
         self._rr = itertools.count()
         self.rld_active: dict[str, int] = {}
         self.dead: set[str] = set()
-        self.decisions: list[dict] = []  # one per routed request, for tests and logs
 
     async def on_start(self) -> None:
         for role in _ROLES:
@@ -156,18 +151,7 @@ class RouterNode(RoleServer):
             self.wan.progress(int(rid), float(remaining) * k, now)
         for rid, t_done in data.get("kv_done", {}).items():
             self._transfer_over(int(rid))
-            self._residual_part(int(rid), 2, float(t_done))
-
-    def _residual_part(self, rid: int, index: int, t: float) -> None:
-        """P's prefill end (1) or MD's KV_DONE (2) of an uncontended transfer; with
-        both, its actual - predicted WAN time teaches the model its fixed overhead."""
-        parts = self._residuals.get(rid)
-        if parts is None:
-            return
-        parts[index] = t
-        if parts[1] is not None and parts[2] is not None:
-            del self._residuals[rid]
-            self.wan.add_residual(parts[2] - parts[1] - parts[0])
+            self.wan.kv_done(int(rid), float(t_done))
 
     def _invalid(self, req: Request) -> str | None:
         """Why the tiny model cannot serve ``req`` (checked before routing), or None."""
@@ -188,7 +172,6 @@ class RouterNode(RoleServer):
         r, info = self._decide(client, client_rid, req, names)
         self.requests[r.rid] = r
         self._by_client[(id(client), client_rid)] = r
-        self.decisions.append(dict(info, rid=r.rid))
         await client.send(client_rid, Report(Role.ROUTER, self.name, info))
         missing = [role.name for role, n in r.names.items() if n is None]
         if missing:
@@ -218,7 +201,7 @@ class RouterNode(RoleServer):
         p_start = max(now, self.p_free_at.get(p_name, now))
         p_end = p_start + prefill_s
         md = names[Role.MAIN_DECODE]
-        shared, dep_arrival = self._inflight_prefix(md, prompt)
+        shared, dep_arrival = self.md_inflight.longest(md, prompt)
         start = p_end
         if shared > md_hit:  # MD will wait for that transfer, then fetch the rest
             md_hit, start = shared, max(p_end, dep_arrival)
@@ -248,9 +231,8 @@ class RouterNode(RoleServer):
             r.rld_tokens_held = held
         if Role.MAIN_DECODE in involved:
             self.wan.commit(r.rid, wan_bytes, start)
-            self.md_inflight.setdefault(md, {})[r.rid] = (tuple(prompt), pred.arrival_s)
-            if pred.backlog_transfers == 0 and self.wan.latency_bound(now, wan_bytes):
-                self._residuals[r.rid] = [pred.wan_s - pred.overhead_s, None, None]
+            self.md_inflight.add(md, r.rid, prompt, pred.arrival_s)
+            self.wan.watch(r.rid, now, wan_bytes, pred)
             if md_mirror is not None:
                 r.md_prompt = tuple(prompt)  # MD's DRC will insert it
         info = {"pipeline": d.pipeline.value, "reason": d.reason, "t_route": round(now, 6),
@@ -265,21 +247,10 @@ class RouterNode(RoleServer):
                 "roles": sorted(role.name for role in involved), "mode": cfg.mode.value}
         return r, info
 
-    def _inflight_prefix(self, md: str | None, prompt) -> tuple[int, float]:
-        """(longest block-aligned prefix of ``prompt`` whose KV is on its way to ``md``,
-        that transfer's predicted arrival); (0, 0.0) if none."""
-        bs, best = self.cfg.prefill.block_size, (0, 0.0)
-        for other, arrival in self.md_inflight.get(md, {}).values():
-            n = common_prefix_len(prompt, other) // bs * bs
-            if n > best[0]:
-                best = (n, arrival)
-        return best
-
     def _transfer_over(self, rid: int) -> None:
         """Request ``rid``'s KV is at MD, or will not be: out of the backlog."""
         self.wan.done(rid)
-        for inflight in self.md_inflight.values():
-            inflight.pop(rid, None)
+        self.md_inflight.remove(rid)
 
     def _md_has_kv(self, r: Routed) -> None:
         """MD holds the prompt's KV (its first token, or its transfer report):
@@ -338,7 +309,7 @@ class RouterNode(RoleServer):
             self.rld_active[name] = max(0, self.rld_active.get(name, 0) - 1)
             self.rld_held[name] = max(0, self.rld_held.get(name, 0) - r.rld_tokens_held)
         if msg.role == Role.PREFILL and "t_prefill_end" in msg.data:
-            self._residual_part(r.rid, 1, float(msg.data["t_prefill_end"]))
+            self.wan.prefill_ended(r.rid, float(msg.data["t_prefill_end"]))
         if msg.role == Role.MAIN_DECODE:
             self._transfer_over(r.rid)  # the transfer ended (KV at MD, or cancelled)
             if "kv_transfer_s" in msg.data:
@@ -406,8 +377,8 @@ class RouterNode(RoleServer):
 
     def _forget(self, r: Routed) -> None:
         self.requests.pop(r.rid, None)
-        self._residuals.pop(r.rid, None)
-        self._transfer_over(r.rid)
+        self.wan.forget(r.rid)
+        self.md_inflight.remove(r.rid)
         self._by_client.pop((id(r.client), r.client_rid), None)
 
 

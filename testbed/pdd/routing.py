@@ -1,6 +1,7 @@
 """The router's per-request pipeline decision, as pure functions (no I/O).
 
-Owns ``choose_pipeline`` (the rule of docs/pdd-roles.md), ``RldBudget``
+Owns ``choose_pipeline`` (the rule of docs/pdd-roles.md), ``InflightPrefixes``
+(which prompts' KV is on its way to each MD), ``RldBudget``
 (what RLD can hold: its decode batch and its KV memory, from the cost
 model of GPU_A) and ``PrefixMirror`` (the router's radix mirror of P's
 prefix cache: same block size and capacity, fed with every routed prompt
@@ -49,7 +50,7 @@ from typing import Sequence
 
 from testbed.pdd.config import Mode, Pipeline, RouterConfig, TimingConfig
 from testbed.pdd.costmodel import CostModel
-from testbed.pdd.radix import RadixCache
+from testbed.pdd.radix import RadixCache, common_prefix_len
 
 
 @dataclass(frozen=True)
@@ -145,3 +146,33 @@ class PrefixMirror:
 
     def record(self, prompt: Sequence[int]) -> None:
         self._tree.insert(prompt)
+
+
+class InflightPrefixes:
+    """KV on its way to each MD: ``{md: {rid: (prompt, predicted arrival)}}``.
+
+    MD waits for an in-flight prefix instead of fetching it again (a next turn
+    routed while the previous turn's KV crosses needs only the rest), so the
+    router predicts such a request from that transfer's arrival.
+    """
+
+    def __init__(self, block_size: int):
+        self.block_size = block_size
+        self._by_md: dict[str, dict[int, tuple[tuple[int, ...], float]]] = {}
+
+    def add(self, md: str, rid: int, prompt: Sequence[int], arrival_s: float) -> None:
+        self._by_md.setdefault(md, {})[rid] = (tuple(prompt), arrival_s)
+
+    def longest(self, md: str | None, prompt: Sequence[int]) -> tuple[int, float]:
+        """(longest block-aligned prefix of ``prompt`` on its way to ``md``, that
+        transfer's predicted arrival); (0, 0.0) if none."""
+        bs, best = self.block_size, (0, 0.0)
+        for other, arrival in self._by_md.get(md, {}).values():
+            n = common_prefix_len(prompt, other) // bs * bs
+            if n > best[0]:
+                best = (n, arrival)
+        return best
+
+    def remove(self, rid: int) -> None:
+        for inflight in self._by_md.values():
+            inflight.pop(rid, None)

@@ -38,8 +38,8 @@ Inputs (all in nominal units: wire bytes x k):
   DRC lookup and KV_NEED, P's and MD's framing, event-loop waits): each
   latency-bound transfer (nothing ahead of it at routing, and its bytes
   take less than one RTT at the capacity) gives ``actual - predicted``
-  once both P's prefill end and MD's KV_DONE are known
-  (``add_residual``); the overhead is the median of the last
+  once both P's prefill end and MD's KV_DONE are known (``watch``, then
+  ``prefill_ended`` and ``kv_done``; or ``add_residual`` directly); the overhead is the median of the last
   ``overhead_samples``, clamped to >= 0, added to every prediction. (A
   mean let one slow first transfer on a fresh connection, 1.4 s late,
   add 1.4 s to every prediction after it.)
@@ -124,6 +124,8 @@ class WanModel:
         self._rates: deque[tuple[float, float, float]] = deque()  # busy (t, bytes, s)
         self._rtts: deque[tuple[float, float]] = deque()  # (t, rtt_s)
         self._transfers: dict[int, _Transfer] = {}
+        # watched transfers: rid -> [predicted WAN s without overhead, prefill end, KV_DONE]
+        self._watched: dict[int, list] = {}
         self.n_rate_samples = 0
         self.n_rtt_samples = 0
 
@@ -154,6 +156,36 @@ class WanModel:
         self._residuals.append(residual_s)
         self.n_residuals += 1
         self.overhead_s = max(0.0, statistics.median(self._residuals))
+
+    def watch(self, rid: int, now_s: float, nominal_bytes: float, pred: WanPrediction) -> bool:
+        """Learn the overhead from transfer ``rid`` if it is latency-bound with nothing ahead
+        (``pred`` is its prediction); returns whether it is watched."""
+        if pred.backlog_transfers or not self.latency_bound(now_s, nominal_bytes):
+            return False
+        self._watched[rid] = [pred.wan_s - pred.overhead_s, None, None]
+        return True
+
+    def prefill_ended(self, rid: int, t_s: float) -> None:
+        """P's prefill end of transfer ``rid`` (the start of its WAN time)."""
+        self._watched_part(rid, 1, t_s)
+
+    def kv_done(self, rid: int, t_s: float) -> None:
+        """MD had all of transfer ``rid``'s KV at ``t_s``."""
+        self._watched_part(rid, 2, t_s)
+
+    def _watched_part(self, rid: int, index: int, t_s: float) -> None:
+        parts = self._watched.get(rid)
+        if parts is None:
+            return
+        parts[index] = t_s
+        if parts[1] is not None and parts[2] is not None:
+            del self._watched[rid]
+            self.add_residual(parts[2] - parts[1] - parts[0])
+
+    def forget(self, rid: int) -> None:
+        """Request ``rid`` is gone: out of the backlog and no longer watched."""
+        self.done(rid)
+        self._watched.pop(rid, None)
 
     def latency_bound(self, now_s: float, nominal_bytes: float) -> bool:
         """Whether ``nominal_bytes`` take less than one RTT at the capacity."""

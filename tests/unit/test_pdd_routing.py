@@ -94,3 +94,21 @@ def test_a_warmup_request_goes_p_md_to_fill_the_drc(mode, want):
     assert d.pipeline == want
     plain = choose_pipeline(Mode.PDD, CFG, TIMING, RouteInputs(40000, 16, 3.0, 0.2, None))
     assert plain.pipeline == Pipeline.RLD_ONLY
+
+
+def test_inflight_prefixes_give_the_longest_block_aligned_prefix_per_md():
+    from testbed.pdd.routing import InflightPrefixes
+
+    inflight = InflightPrefixes(block_size=16)
+    turn1 = list(range(100))
+    inflight.add("md1", 1, turn1[:40], arrival_s=5.0)
+    inflight.add("md1", 2, turn1, arrival_s=9.0)
+    inflight.add("md2", 3, turn1, arrival_s=1.0)
+    turn2 = turn1 + [7] * 30
+    assert inflight.longest("md1", turn2) == (96, 9.0)  # 100 shared -> 6 whole blocks
+    assert inflight.longest("md1", turn1[:40] + [999]) == (32, 5.0)  # rid 2 shares 40 too
+    assert inflight.longest("md9", turn2) == (0, 0.0) and inflight.longest(None, turn2) == (0, 0.0)
+    inflight.remove(2)
+    assert inflight.longest("md1", turn2) == (32, 5.0)
+    inflight.remove(1)
+    assert inflight.longest("md1", turn2) == (0, 0.0) and inflight.longest("md2", turn2)[0] == 96

@@ -159,3 +159,24 @@ def test_a_standing_queue_delays_every_new_byte():
         wan.add_rtt_sample(i * 0.1, 0.340)
     p = wan.predict(1.3, 0.0, 1.3)
     assert p.queue_delay_s == pytest.approx(0.3) and p.wan_s == pytest.approx(idle + 0.3)
+
+
+def test_watched_transfers_teach_the_overhead_once_both_ends_are_known():
+    wan = model()
+    pred = wan.predict(0.0, 10e6, 1.0)  # 8 ms + 60 ms, nothing ahead, latency-bound
+    assert wan.watch(7, 0.0, 10e6, pred)
+    wan.kv_done(7, 1.0 + pred.wan_s + 0.03)  # MD's KV_DONE may come before P's REPORT
+    assert wan.n_residuals == 0
+    wan.prefill_ended(7, 1.0)
+    assert wan.n_residuals == 1 and wan.overhead_s == pytest.approx(0.03)
+    # a big transfer, or one with another ahead of it, is not a latency sample
+    assert not wan.watch(8, 0.0, 500e6, wan.predict(0.0, 500e6, 0.0))
+    wan.commit(9, 500e6, 0.0)
+    assert not wan.watch(10, 0.0, 10e6, wan.predict(0.0, 10e6, 0.0))
+    # a forgotten request (failed, cancelled) teaches nothing and leaves the backlog
+    assert wan.watch(11, 0.0, 10e6, pred)
+    wan.forget(11)
+    wan.forget(9)
+    wan.prefill_ended(11, 1.0)
+    wan.kv_done(11, 5.0)
+    assert wan.n_residuals == 1 and wan.predict(0.0, 10e6, 0.0).backlog_transfers == 0
