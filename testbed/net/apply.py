@@ -43,14 +43,29 @@ class Terminated(Exception):
     """Raised in the main thread on SIGTERM/SIGHUP so teardown runs."""
 
 
+_pending_signal: list[int] = []  # a SIGTERM/SIGHUP whose Terminated may have been swallowed
+
+
 def _terminate_handler(owner_pid: int):
     """SIGTERM/SIGHUP -> Terminated in the owner; plain exit in forked children
-    (pyroute2 forks helpers that inherit the handler)."""
+    (pyroute2 forks helpers that inherit the handler). The signal is also
+    remembered: raised inside a library's event loop (pyroute2 runs asyncio),
+    the exception can be caught and logged there, so the runner's loop calls
+    ``raise_if_terminated`` (measured: the first SIGTERM to a suite was lost)."""
     def handler(signum, _frame):
         if os.getpid() != owner_pid:
             os._exit(128 + signum)
+        _pending_signal.append(signum)
         raise Terminated(f"signal {signum}")
     return handler
+
+
+def raise_if_terminated() -> None:
+    """Raise Terminated if a SIGTERM/SIGHUP arrived and its exception may have been lost."""
+    if _pending_signal:
+        signum = _pending_signal.pop()
+        _pending_signal.clear()
+        raise Terminated(f"signal {signum}")
 
 
 class EmulatedNetwork:
@@ -105,6 +120,7 @@ class EmulatedNetwork:
         for sig, old in self._old_handlers.items():
             signal.signal(sig, old)
         self._old_handlers.clear()
+        _pending_signal.clear()  # handled: the network is down
         return failures
 
     # -- access -------------------------------------------------------

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from testbed.errors import EmulationError
 from testbed.net.build import make_plan
-from testbed.net.apply import EmulatedNetwork
+from testbed.net.apply import EmulatedNetwork, raise_if_terminated
 from testbed.net.backend import probe_backend
 from testbed.net.calibrate import parse_ping
 from testbed.net.events import EventLog
@@ -120,6 +120,7 @@ def run_mode(sc: Scenario, mode: ModeRun, plan_args: dict, out: Path,
             events.record("workload_start", n_requests=len(workload.requests))
 
             def tick():
+                raise_if_terminated()
                 sampler.sample()
                 status.show(time.monotonic() - roles.t0)
 

@@ -342,3 +342,20 @@ def test_cli_exit_codes(tmp_path, fake_runner, capsys):
     assert cli.main(args) == 2 and fake.calls == []          # nothing ran
     err = capsys.readouterr().err
     assert "s3.yaml: seed" in err and "-1" in err
+
+
+def test_a_sigterm_whose_exception_was_swallowed_is_raised_by_the_runner_loop():
+    """The handler raises Terminated; if a library's event loop catches it, the runner's
+    tick calls raise_if_terminated and the run still stops (once)."""
+    import os
+
+    from testbed.net import apply
+
+    handler = apply._terminate_handler(os.getpid())
+    try:
+        handler(15, None)
+    except apply.Terminated:
+        pass  # e.g. caught and logged by pyroute2's asyncio loop
+    with pytest.raises(apply.Terminated, match="signal 15"):
+        apply.raise_if_terminated()
+    apply.raise_if_terminated()  # raised once: nothing pending any more
