@@ -105,6 +105,10 @@ class MainConfig:
     drc_capacity_tokens: int = _f(65536, "MD's decode-side radix cache capacity", lo=0)
     wan_status_interval_s: float = _f(0.1, "how often MD tells the router the KV bytes it "
                                       "received and what each transfer still misses", lo=0.005)
+    extend_chunk_tokens: int = _f(32, "catch-up's earlier handoff batches are recomputed at "
+                                  "most this many tokens per decode step (chunked, like "
+                                  "chunked prefill), so a final batch waits for one chunk at "
+                                  "most; 0: whole batches", lo=0)
 
 
 @dataclass(frozen=True)

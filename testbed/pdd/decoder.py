@@ -6,7 +6,9 @@ one ``decode_step`` per sequence) and runs every queued ``extend`` (MD's
 recompute of handed-over token ids) in the same step -- except that a step
 with an ``urgent`` extend queued (a final handoff batch: the client waits for
 it) takes only the urgent ones and leaves the rest (catch-up's earlier
-batches, while RLD still decodes) to the next step; the step is then
+batches, while RLD still decodes) to the next step, and a non-urgent extend
+runs at most ``chunk_tokens`` tokens per step (the rest in the next steps;
+its future resolves after the last chunk); the step is then
 padded to the cost model's time for the whole pass (``CostModel.pass_s``
 of ``(1, context)`` per sequence plus ``(n, context)`` per extend, times
 ``time_scale``). Tokens exist only once the step's modeled time is over:
@@ -78,8 +80,10 @@ class _ExtendJob:
 class DecodeLoop:
     """The step loop of one decode instance (see the module docstring)."""
 
-    def __init__(self, model: TinyDecoder, cost: CostModel, pacer: AsyncPacer, sink: Sink):
+    def __init__(self, model: TinyDecoder, cost: CostModel, pacer: AsyncPacer, sink: Sink,
+                 chunk_tokens: int = 0):
         self.model, self.cost, self.pacer, self._sink = model, cost, pacer, sink
+        self.chunk_tokens = chunk_tokens  # 0: non-urgent extends run whole
         self.active: dict[int, Seq] = {}
         self._extends: list[_ExtendJob] = []
         self._wake = asyncio.Event()
@@ -124,6 +128,25 @@ class DecodeLoop:
         self._wake.set()
         return fut
 
+    def _take_extends(self) -> list[tuple[_ExtendJob, tuple[int, ...], bool]]:
+        """This step's extends as (job, token ids, last part): the urgent ones if any, else
+        all, a non-urgent one cut to ``chunk_tokens`` (its rest stays queued, first)."""
+        jobs = self._extends
+        if any(j.urgent for j in jobs):
+            self._extends = [j for j in jobs if not j.urgent]
+            return [(j, j.token_ids, True) for j in jobs if j.urgent]
+        self._extends, parts, rest = [], [], []
+        for j in jobs:
+            n = self.chunk_tokens
+            if n and len(j.token_ids) > n:
+                parts.append((j, j.token_ids[:n], False))
+                j.token_ids = j.token_ids[n:]
+                rest.append(j)
+            else:
+                parts.append((j, j.token_ids, True))
+        self._extends = rest
+        return parts
+
     async def _run(self) -> None:
         while True:
             if not self.active and not self._extends:
@@ -132,22 +155,17 @@ class DecodeLoop:
             await self._step()
 
     async def _step(self) -> None:
-        seqs, jobs = list(self.active.values()), self._extends
-        if any(j.urgent for j in jobs):
-            jobs, self._extends = ([j for j in jobs if j.urgent],
-                                   [j for j in jobs if not j.urgent])
-        else:
-            self._extends = []
+        seqs, parts = list(self.active.values()), self._take_extends()
         segments = [(1, s.cache.length) for s in seqs]
-        segments += [(len(j.token_ids), j.cache.length) for j in jobs]
+        segments += [(len(ids), j.cache.length) for j, ids, _ in parts]
         t0 = time.monotonic()
         tokens = [argmax(self.model.decode_step(s.cache, s.next_token)) for s in seqs]
-        predicted = [argmax(self.model.extend(j.cache, j.token_ids)) for j in jobs]
+        predicted = [argmax(self.model.extend(j.cache, ids)) for j, ids, _ in parts]
         overrun = await self.pacer.pad(self.cost.pass_s(segments), time.monotonic() - t0)
         self.n_steps += 1
         self.max_batch = max(self.max_batch, len(seqs))
-        for job, tok in zip(jobs, predicted):
-            if not job.future.done():
+        for (job, _, last), tok in zip(parts, predicted):
+            if last and not job.future.done():
                 job.future.set_result(tok)
         out = []
         for seq, tok in zip(seqs, tokens):

@@ -94,7 +94,8 @@ class MainDecodeNode(RoleServer):
         super().__init__(cfg, name, transport)
         self.model = warm_model(cfg.model)
         self.decoder = DecodeLoop(self.model, cfg.timing.cost(Role.MAIN_DECODE),
-                                  AsyncPacer(cfg.timing.time_scale), self._on_tokens)
+                                  AsyncPacer(cfg.timing.time_scale), self._on_tokens,
+                                  chunk_tokens=cfg.main.extend_chunk_tokens)
         self.drc = RadixCache(cfg.prefill.block_size, cfg.main.drc_capacity_tokens)
         self.states: dict[int, MainState] = {}
         self.cancelled: set[int] = set()

@@ -97,3 +97,32 @@ def test_an_urgent_extend_does_not_wait_for_a_long_one_queued_before_it():
     assert done == ["small", "big"] and n_steps == 2
     assert big == argmax(model.prefill([3] * 20 + list(range(1, 201)))[0])
     assert small == argmax(model.prefill([4] * 20 + [5, 6])[0])
+
+
+def test_a_long_catch_up_extend_runs_in_chunks_and_an_urgent_one_cuts_in():
+    """chunk_tokens=32: a 100-token non-urgent extend takes 4 steps (32+32+32+4); an urgent
+    extend queued meanwhile runs in the next step, before the rest; both exact."""
+    model = warm_model(CFG)
+
+    async def main():
+        loop = DecodeLoop(model, CostModel(GPU_A), AsyncPacer(time_scale=0.5),
+                          lambda batch: asyncio.sleep(0), chunk_tokens=32)
+        loop.start()
+        _, long_cache = model.prefill([3] * 20)
+        _, short_cache = model.prefill([4] * 20)
+        order = []
+        big = loop.extend(long_cache, tuple(range(1, 101)))
+        big.add_done_callback(lambda f: order.append(("big", loop.n_steps)))
+        while loop.n_steps < 1:
+            await asyncio.sleep(0.001)
+        small = loop.extend(short_cache, (5, 6), urgent=True)
+        small.add_done_callback(lambda f: order.append(("small", loop.n_steps)))
+        results = await asyncio.gather(big, small)
+        await loop.stop()
+        return order, results
+
+    order, (big, small) = asyncio.run(main())
+    assert [name for name, _ in order] == ["small", "big"]
+    assert dict(order)["big"] == 5  # 4 chunks + the urgent step in between
+    assert big == argmax(model.prefill([3] * 20 + list(range(1, 101)))[0])
+    assert small == argmax(model.prefill([4] * 20 + [5, 6])[0])
