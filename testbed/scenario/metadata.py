@@ -59,6 +59,15 @@ def versions() -> dict:
     return out
 
 
+def tcp_congestion_control() -> str | None:
+    """The kernel's default TCP congestion control (new namespaces start with it): it
+    decides how KV transfers react to loss (bbr keeps its rate up to ~10% loss)."""
+    try:
+        return Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
+    except OSError:
+        return None
+
+
 def write_metadata(out_dir: Path, scenario, backend: str, scale: float, seed: int,
                    workload_stats) -> dict:
     resolved = plain(scenario)
@@ -69,7 +78,8 @@ def write_metadata(out_dir: Path, scenario, backend: str, scale: float, seed: in
         "backend": backend, "scale": scale, "seed": seed,
         "modes": [m.value for m in scenario.modes],
         "workload_stats": plain(workload_stats),
-        "kernel": platform.release(), "python": platform.python_version(),
+        "kernel": platform.release(), "tcp_congestion_control": tcp_congestion_control(),
+        "python": platform.python_version(),
         "packages": versions(), "git_revision": git_revision(),
         "started_wall": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "hostname": socket.gethostname(),
         "pid": os.getpid(),
