@@ -164,12 +164,14 @@ def load_requests(path: str | Path) -> list[ClientRequest]:
 
 def warmup_problems(records: Sequence[dict]) -> list[str]:
     """Why a warm-up did not do its job (a request failed, lost or repeated tokens)."""
-    return [f"warm-up request {r['id']}: " + (f"{r['status']} ({r['reason']})"
-                                              if r["status"] != "completed" else
-                                              f"{r['tokens_lost']} tokens lost, "
-                                              f"{r['tokens_duplicated']} duplicated")
-            for r in records if r["status"] != "completed" or r["tokens_lost"]
-            or r["tokens_duplicated"]]
+    out = []
+    for r in records:
+        if r["status"] != "completed":
+            out.append(f"warm-up request {r['id']}: {r['status']} ({r['reason']})")
+        elif r["tokens_lost"] or r["tokens_duplicated"]:
+            out.append(f"warm-up request {r['id']}: {r['tokens_lost']} tokens lost, "
+                       f"{r['tokens_duplicated']} duplicated")
+    return out
 
 
 def write_records(path: str | Path, records: Iterable[dict]) -> None:

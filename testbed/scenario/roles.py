@@ -73,7 +73,7 @@ def cluster_dict(net, mode_run, settings) -> dict:
 def write_workload(path: Path, workload) -> None:
     """The client's workload.jsonl: warm-up requests (``"warmup": true``), then the rest."""
     with path.open("w") as fh:
-        for r in tuple(getattr(workload, "warmup", ())) + tuple(workload.requests):
+        for r in workload.warmup + workload.requests:
             line = {"id": r.id, "arrival_s": r.arrival_s, "prompt": list(r.prompt),
                     "max_out": r.output_len, "session": r.session,
                     "designed_hit_rate": r.designed_hit_rate}
@@ -86,7 +86,6 @@ class RoleSet:
     def __init__(self, net, cfg: dict, mode_dir: Path, ready_timeout_s: float = READY_TIMEOUT_S):
         self.net, self.cfg, self.dir = net, cfg, mode_dir
         self.ready_timeout_s = ready_timeout_s
-        self.warmup_timeout_s = 0.0  # set when the workload has warm-up requests
         self.logs = mode_dir / "roles"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.config_path = mode_dir / "cluster.json"
@@ -116,13 +115,14 @@ class RoleSet:
                 _wait_ready(proc, name, self.logs / f"{name}.log", self.ready_timeout_s)
                 self.procs[name] = proc
 
-    def start_client(self, workload_path: Path) -> None:
+    def start_client(self, workload_path: Path, warmup_timeout_s: float = 0.0) -> None:
+        """Start the client and wait for its "ready", which comes after its warm-up
+        requests (if any): ``warmup_timeout_s`` more."""
         inst = next(i for i in self.cfg["instances"] if i["role"] == "client")
         self.client = self._start(inst, ["--workload", str(workload_path),
                                          "--out", str(self.requests_path)])
-        # the client runs the warm-up requests (if any) before it is ready
         _wait_ready(self.client, inst["name"], self.logs / f"{inst['name']}.log",
-                    self.ready_timeout_s + self.warmup_timeout_s)
+                    self.ready_timeout_s + warmup_timeout_s)
         self.t0 = time.monotonic()
 
     # -- the runner's view ---------------------------------------------
@@ -180,10 +180,8 @@ def start_roles(net, sc, mode_run, workload, mode_dir: Path,
     try:
         wl = mode_dir / "workload.jsonl"
         write_workload(wl, workload)
-        if getattr(workload, "warmup", ()):
-            roles.warmup_timeout_s = 2 * mode_run.pdd.request_timeout_s
         roles.start_servers()
-        roles.start_client(wl)
+        roles.start_client(wl, 2 * mode_run.pdd.request_timeout_s if workload.warmup else 0.0)
     except BaseException:
         roles.stop()
         raise

@@ -80,3 +80,16 @@ def test_warmup_requests_run_first_go_p_md_and_fill_mds_drc(procs):
 
 def test_sigterm_stops_every_role_cleanly(procs):
     assert procs.stop() == {"p0": 0, "rld0": 0, "md0": 0, "router": 0}
+
+
+def test_warmup_problems_name_each_bad_warmup_request():
+    from testbed.pdd.client import warmup_problems
+
+    ok = {"id": 1, "status": "completed", "reason": None, "tokens_lost": 0,
+          "tokens_duplicated": 0}
+    failed = dict(ok, id=2, status="failed", reason="timeout after 20 s")
+    lossy = dict(ok, id=3, tokens_lost=2)
+    assert warmup_problems([ok]) == []
+    assert warmup_problems([ok, failed, lossy]) == [
+        "warm-up request 2: failed (timeout after 20 s)",
+        "warm-up request 3: 2 tokens lost, 0 duplicated"]

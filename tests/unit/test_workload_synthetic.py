@@ -211,3 +211,18 @@ def test_warmup_sends_the_shared_prompts_first_and_leaves_no_cold_measured_reque
     designed = [r.designed_hit_rate for r in warm.requests]
     assert designed == pytest.approx(list(warm.measured_hit_rates), abs=1e-12)
     assert warm.stats.hit_rate_mean > cold.stats.hit_rate_mean
+
+
+def test_the_client_reads_warmups_first_and_flagged_from_the_runners_workload_file(tmp_path):
+    from testbed.pdd.client import load_requests
+    from testbed.scenario.roles import write_workload
+
+    wl = build_workload(spec_of(n_requests=20, sessions={"concurrent": 4, "turns": 4,
+                                                         "shared_prefixes": 2, "warmup": True}))
+    path = tmp_path / "workload.jsonl"
+    write_workload(path, wl)
+    got = load_requests(path)
+    assert [(r.id, r.warmup) for r in got] == [(20, True), (21, True)] + [
+        (i, False) for i in range(20)]
+    assert [r.prompt for r in got[:2]] == [w.prompt for w in wl.warmup]
+    assert [r.max_out for r in got[2:]] == [r.output_len for r in wl.requests]
