@@ -115,6 +115,10 @@ class MainConfig:
 class RouterConfig:
     relay_threshold_s: float = _f(0.5, "pdd: p-rld-md when the predicted WAN KV time (prefill "
                                   "end -> KV at MD) >= this", lo=0.0)
+    relay_margin_quantile: float = _f(0.9, "pdd: the threshold test uses the prediction plus "
+                                      "this quantile of recent near-threshold prediction "
+                                      "errors (actual - predicted); 0: the prediction alone",
+                                      lo=0.0, hi=1.0)
     rld_max_active: int = _f(0, "pdd: RLD takes at most this many requests; 0: only the "
                              "cost model's budget (batch and KV memory)", lo=0)
     rld_step_budget_ms: float = _f(50.0, "RLD's batch is capped where its modeled decode step "

@@ -87,7 +87,9 @@ class RouterNode(RoleServer):
         self.md_mirrors: dict[str, PrefixMirror] = {}  # per MD instance: its DRC
         rc = cfg.router
         self.wan = WanModel(rc.wan_prior_gbit, rc.wan_rtt_s, window_min_s=rc.wan_window_min_s,
-                            window_rtts=rc.wan_window_rtts, rtt_window_s=rc.rtt_window_s)
+                            window_rtts=rc.wan_window_rtts, rtt_window_s=rc.rtt_window_s,
+                            margin_band_s=2 * rc.relay_threshold_s,
+                            margin_quantile=rc.relay_margin_quantile)
         self.rld_budget = RldBudget.of(cfg.timing.cost(Role.RELAY_DECODE), rc,
                                        cfg.model.max_context)
         self.rld_held: dict[str, int] = {}  # modeled KV tokens per RLD
@@ -215,9 +217,11 @@ class RouterNode(RoleServer):
         room = self.rld_budget.room(active, self.rld_held.get(rld, 0), held)
         step = timing.cost(Role.RELAY_DECODE).decode_step_s(active + 1, (active + 1) * n)
         rld_decode_s = req.max_output_tokens * step * timing.time_scale
+        margin = self.wan.margin_s()
         d = choose_pipeline(cfg.mode, cfg.router, timing,
                             RouteInputs(n, req.max_output_tokens, pred.wan_s, rld_decode_s, room,
-                                        warmup=bool(req.metadata.get("warmup"))))
+                                        warmup=bool(req.metadata.get("warmup")),
+                                        wan_margin_s=margin))
         involved = {Role.PREFILL}
         if d.pipeline != Pipeline.P_MD:
             involved.add(Role.RELAY_DECODE)
@@ -236,7 +240,8 @@ class RouterNode(RoleServer):
             if md_mirror is not None:
                 r.md_prompt = tuple(prompt)  # MD's DRC will insert it
         info = {"pipeline": d.pipeline.value, "reason": d.reason, "t_route": round(now, 6),
-                **pred.as_dict(), "predicted_prefill_end_s": round(p_end, 6),
+                **pred.as_dict(), "wan_margin_s": round(margin, 6),
+                "wan_margin_samples": self.wan.n_errors, "predicted_prefill_end_s": round(p_end, 6),
                 "inflight_shared_tokens": shared,
                 "predicted_prefill_s": round(prefill_s, 6), "wan_nominal_bytes": wan_bytes,
                 "router_hit_tokens": hit, "router_md_hit_tokens": md_hit,

@@ -22,8 +22,9 @@ Rule, per mode:
   1. anomalous filter (when on): modeled prompt >= ``anomalous_min_input_tokens``
      and max output < ``anomalous_max_output_tokens`` -> ``rld-only``
      (``p-md`` if RLD has no room);
-  2. predicted WAN time (prefill end -> KV at MD) < ``relay_threshold_s``
-     -> ``p-md``;
+  2. predicted WAN time (prefill end -> KV at MD) plus the margin
+     (``wan_margin_s``: a high quantile of recent near-threshold prediction
+     errors, see ``wan_model``) < ``relay_threshold_s`` -> ``p-md``;
   3. RLD has no room (batch or KV memory of ``RldBudget``, or
      ``rld_max_active``) -> ``p-md``: wait for the WAN rather than
      overload RLD (the collapse the paper excludes P->RLD to avoid);
@@ -63,6 +64,7 @@ class RouteInputs:
     rld_decode_s: float  # RLD's time to decode all max_out tokens (modeled, time-scaled)
     rld_room: str | None  # None: RLD can take it; else why not
     warmup: bool = False  # a warm-up request (client metadata)
+    wan_margin_s: float = 0.0  # what the threshold test adds to wan_s (WanModel.margin_s)
 
 
 @dataclass(frozen=True)
@@ -115,8 +117,9 @@ def choose_pipeline(mode: Mode, cfg: RouterConfig, timing: TimingConfig,
         if guard and inp.rld_room is not None:
             return RouteDecision(Pipeline.P_MD, f"anomalous, but {inp.rld_room}")
         return RouteDecision(Pipeline.RLD_ONLY, "anomalous: long input, short output")
-    if inp.wan_s < cfg.relay_threshold_s:
-        return RouteDecision(Pipeline.P_MD, f"short transfer ({inp.wan_s:.2f} s)")
+    if inp.wan_s + inp.wan_margin_s < cfg.relay_threshold_s:
+        return RouteDecision(Pipeline.P_MD, f"short transfer ({inp.wan_s:.2f} s + margin "
+                                            f"{inp.wan_margin_s:.2f} s)")
     if not guard:
         return RouteDecision(Pipeline.RLD_ONLY, "long transfer: decode on RLD")
     if inp.rld_room is not None:

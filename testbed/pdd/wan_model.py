@@ -39,10 +39,24 @@ Inputs (all in nominal units: wire bytes x k):
   latency-bound transfer (nothing ahead of it at routing, and its bytes
   take less than one RTT at the capacity) gives ``actual - predicted``
   once both P's prefill end and MD's KV_DONE are known (``watch``, then
-  ``prefill_ended`` and ``kv_done``; or ``add_residual`` directly); the overhead is the median of the last
+  ``prefill_ended`` and ``kv_done``; or ``add_residual`` directly); the
+  overhead is the median of the last
   ``overhead_samples``, clamped to >= 0, added to every prediction. (A
   mean let one slow first transfer on a fresh connection, 1.4 s late,
   add 1.4 s to every prediction after it.)
+
+- error: every watched transfer whose prediction was below ``margin_band_s``
+  (the router passes 2 x its relay threshold: the transfers whose route a
+  wrong prediction can flip) gives ``actual - predicted`` (overhead
+  included); ``margin_s`` is the ``margin_quantile`` of the last
+  ``margin_samples`` of them, clamped to >= 0. The router decides
+  "short enough for p-md" on ``wan_s + margin_s``, a pessimistic
+  prediction: a request routed p-md that waits longer than predicted
+  (behind an in-flight prefix, a prefill backlog, or a capacity estimate
+  that lags a dip) waits on the WAN with nothing to hide it, while one
+  relayed needlessly only costs RLD a few tokens. (Measured before the
+  margin: near-threshold p-md requests predicted 0.10, 0.45 and 0.47 s
+  took 0.65, 0.56 and 1.77 s and set the TTFT tail.)
 
 Prediction (``predict``): P interleaves the KV chunks of concurrent
 transfers on its one connection to MD, so transfers share the capacity
@@ -109,7 +123,8 @@ class WanModel:
 
     def __init__(self, line_gbit: float, prior_rtt_s: float, *, window_min_s: float = 0.5,
                  window_rtts: float = 5.0, rtt_window_s: float = 2.0,
-                 overhead_samples: int = 15):
+                 overhead_samples: int = 15, margin_band_s: float = 1.0,
+                 margin_quantile: float = 0.9, margin_samples: int = 30):
         if line_gbit <= 0 or prior_rtt_s < 0:
             raise ValueError(f"line rate must be > 0 and RTT >= 0, got {line_gbit}, "
                              f"{prior_rtt_s}")
@@ -119,12 +134,17 @@ class WanModel:
         self.overhead_s = 0.0
         self._residuals: deque[float] = deque(maxlen=overhead_samples)
         self.n_residuals = 0
+        if not 0.0 <= margin_quantile <= 1.0:
+            raise ValueError(f"margin quantile must be in [0, 1], got {margin_quantile}")
+        self.margin_band_s, self.margin_quantile = margin_band_s, margin_quantile
+        self._errors: deque[float] = deque(maxlen=margin_samples)
+        self.n_errors = 0
         self._gbit = line_gbit
         self._rtt = prior_rtt_s
         self._rates: deque[tuple[float, float, float]] = deque()  # busy (t, bytes, s)
         self._rtts: deque[tuple[float, float]] = deque()  # (t, rtt_s)
         self._transfers: dict[int, _Transfer] = {}
-        # watched transfers: rid -> [predicted WAN s without overhead, prefill end, KV_DONE]
+        # watched transfers: rid -> [prediction, teaches the overhead, prefill end, KV_DONE]
         self._watched: dict[int, list] = {}
         self.n_rate_samples = 0
         self.n_rtt_samples = 0
@@ -158,29 +178,49 @@ class WanModel:
         self.overhead_s = max(0.0, statistics.median(self._residuals))
 
     def watch(self, rid: int, now_s: float, nominal_bytes: float, pred: WanPrediction) -> bool:
-        """Learn the overhead from transfer ``rid`` if it is latency-bound with nothing ahead
-        (``pred`` is its prediction); returns whether it is watched."""
-        if pred.backlog_transfers or not self.latency_bound(now_s, nominal_bytes):
-            return False
-        self._watched[rid] = [pred.wan_s - pred.overhead_s, None, None]
-        return True
+        """Follow transfer ``rid`` (``pred`` is its prediction) until ``prefill_ended`` and
+        ``kv_done`` give its actual WAN time; returns whether it will also teach the
+        overhead (latency-bound, nothing ahead)."""
+        latency = not pred.backlog_transfers and self.latency_bound(now_s, nominal_bytes)
+        self._watched[rid] = [pred, latency, None, None]
+        return latency
 
     def prefill_ended(self, rid: int, t_s: float) -> None:
         """P's prefill end of transfer ``rid`` (the start of its WAN time)."""
-        self._watched_part(rid, 1, t_s)
+        self._watched_part(rid, 2, t_s)
 
     def kv_done(self, rid: int, t_s: float) -> None:
         """MD had all of transfer ``rid``'s KV at ``t_s``."""
-        self._watched_part(rid, 2, t_s)
+        self._watched_part(rid, 3, t_s)
 
     def _watched_part(self, rid: int, index: int, t_s: float) -> None:
         parts = self._watched.get(rid)
         if parts is None:
             return
         parts[index] = t_s
-        if parts[1] is not None and parts[2] is not None:
-            del self._watched[rid]
-            self.add_residual(parts[2] - parts[1] - parts[0])
+        pred, latency, start, end = parts
+        if start is None or end is None:
+            return
+        del self._watched[rid]
+        actual = end - start
+        if latency:
+            self.add_residual(actual - (pred.wan_s - pred.overhead_s))
+        if pred.wan_s < self.margin_band_s:
+            self.add_error(actual - pred.wan_s)
+
+    def add_error(self, error_s: float) -> None:
+        """actual - predicted WAN time (overhead included) of a near-threshold transfer."""
+        self._errors.append(error_s)
+        self.n_errors += 1
+
+    def margin_s(self) -> float:
+        """The ``margin_quantile`` of recent errors (>= 0): what a pessimistic prediction
+        adds; 0 before the first error or with quantile 0."""
+        if not self._errors or self.margin_quantile == 0:
+            return 0.0
+        errors = sorted(self._errors)
+        index = min(len(errors) - 1, int(self.margin_quantile * len(errors)))
+        return max(0.0, errors[index])
 
     def forget(self, rid: int) -> None:
         """Request ``rid`` is gone: out of the backlog and no longer watched."""

@@ -59,6 +59,7 @@ def cluster_dict(net, mode_run, settings) -> dict:
         "relay": {"handoff_mode": pdd.handoff_mode.value,
                   "catchup_threshold": pdd.catchup_threshold_tokens},
         "router": {"relay_threshold_s": pdd.relay_threshold_s,
+                   "relay_margin_quantile": pdd.relay_margin_quantile,
                    "anomalous_filter": pdd.anomalous_filter,
                    "late_kv_local": pdd.late_kv_local,
                    "anomalous_min_input_tokens": pdd.anomalous_min_input_tokens,

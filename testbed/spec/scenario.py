@@ -49,6 +49,7 @@ class PddSettings:
     anomalous_min_input_tokens: int = 65536   # modeled (real x token_scale)
     anomalous_max_output_tokens: int = 500
     relay_threshold_s: float = 0.5       # expected WAN time above which pdd relays
+    relay_margin_quantile: float = 0.9   # p-md only if prediction + this quantile of its error
     time_scale: float = 1.0              # multiplies every modeled compute time
     request_timeout_s: float = 120.0
 
@@ -125,6 +126,8 @@ def _parse_pdd(f: Fields | None, d: PddSettings = PddSettings()) -> PddSettings:
         anomalous_max_output_tokens=f.int("anomalous_max_output_tokens",
                                           d.anomalous_max_output_tokens, lo=1),
         relay_threshold_s=f.num("relay_threshold_s", d.relay_threshold_s, lo=0, unit="s"),
+        relay_margin_quantile=f.num("relay_margin_quantile", d.relay_margin_quantile, lo=0,
+                                    hi=1),
         time_scale=f.num("time_scale", d.time_scale, lo=0, lo_open=True),
         request_timeout_s=f.num("request_timeout_s", d.request_timeout_s, lo=0, lo_open=True,
                                 unit="s"))

@@ -112,3 +112,17 @@ def test_inflight_prefixes_give_the_longest_block_aligned_prefix_per_md():
     assert inflight.longest("md1", turn2) == (32, 5.0)
     inflight.remove(1)
     assert inflight.longest("md1", turn2) == (0, 0.0) and inflight.longest("md2", turn2)[0] == 96
+
+
+def test_the_threshold_test_adds_the_margin_of_recent_prediction_errors():
+    """0.3 s predicted is p-md; with a 0.3 s margin (recent near-threshold transfers took
+    that much longer than predicted) it relays."""
+    short = RouteInputs(16384, 1000, 0.3, 15.0, None)
+    assert choose_pipeline(Mode.PDD, CFG, TIMING, short).pipeline == Pipeline.P_MD
+    d = choose_pipeline(Mode.PDD, CFG, TIMING,
+                        RouteInputs(16384, 1000, 0.3, 15.0, None, wan_margin_s=0.3))
+    assert d.pipeline == Pipeline.P_RLD_MD
+    # late_kv_local compares the best estimate, not the pessimistic one: 1.2 s < 1.5 s relays
+    d = choose_pipeline(Mode.PDD, CFG, TIMING,
+                        RouteInputs(16384, 100, 1.2, 1.5, None, wan_margin_s=0.5))
+    assert d.pipeline == Pipeline.P_RLD_MD

@@ -180,3 +180,42 @@ def test_watched_transfers_teach_the_overhead_once_both_ends_are_known():
     wan.prefill_ended(11, 1.0)
     wan.kv_done(11, 5.0)
     assert wan.n_residuals == 1 and wan.predict(0.0, 10e6, 0.0).backlog_transfers == 0
+
+
+def finish(wan, rid, pred, start, took):
+    wan.prefill_ended(rid, start)
+    wan.kv_done(rid, start + took)
+
+
+def test_margin_is_a_high_quantile_of_near_threshold_errors():
+    wan = model(margin_band_s=1.0, margin_quantile=0.9)
+    assert wan.margin_s() == 0.0  # no error seen yet
+    pred = wan.predict(0.0, 10e6, 0.0)
+    for rid, late in enumerate([0.0] * 8 + [0.5, 1.0], start=1):  # 2 of 10 were late
+        wan.watch(rid, 0.0, 10e6, pred)
+        finish(wan, rid, pred, 0.0, pred.wan_s + late)
+    assert wan.n_errors == 10 and wan.margin_s() == pytest.approx(1.0)
+    # the p50 margin ignores the late ones; errors below zero give no margin
+    wan.margin_quantile = 0.5
+    assert wan.margin_s() == pytest.approx(0.0)
+    # a transfer predicted beyond the band (its route does not hinge on a near miss)
+    # teaches nothing
+    big = wan.predict(0.0, 2.5e9, 0.0)
+    assert big.wan_s > 1.0
+    wan.watch(99, 0.0, 2.5e9, big)
+    finish(wan, 99, big, 0.0, big.wan_s + 5.0)
+    assert wan.n_errors == 10
+
+
+def test_margin_forgets_old_errors_and_can_be_off():
+    wan = model(margin_samples=4, margin_quantile=1.0)
+    pred = wan.predict(0.0, 10e6, 0.0)
+    for rid, late in enumerate([2.0, 0.1, 0.1, 0.1, 0.1], start=1):
+        wan.watch(rid, 0.0, 10e6, pred)
+        finish(wan, rid, pred, 0.0, pred.wan_s + late)
+    assert wan.margin_s() == pytest.approx(0.1)  # the 2 s one is out of the last 4
+    off = model(margin_quantile=0.0)
+    off.add_error(3.0)
+    assert off.margin_s() == 0.0
+    with pytest.raises(ValueError):
+        model(margin_quantile=1.5)
