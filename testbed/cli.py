@@ -57,8 +57,9 @@ def cmd_validate(args) -> int:
                   f"{', '.join(m.value for m in sc.modes)}; {len(sc.faults)} faults, "
                   f"{len(sc.expectations)} expectations")
         else:
+            got = "an empty file" if data is None else f"another document ({type(data).__name__})"
             raise SpecError(path, "", "a topology (with 'datacenters') or a scenario "
-                            "(with 'workload')", "another document")
+                            "(with 'workload')", got)
     return 0
 
 

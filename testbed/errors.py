@@ -7,6 +7,14 @@ emulation). Code raises; it never logs and carries on.
 
 from __future__ import annotations
 
+MAX_SHOWN_CHARS = 200  # an error quotes at most this much of the bad value
+
+
+def shown(value: object) -> str:
+    """``repr(value)`` cut to MAX_SHOWN_CHARS, so that an error stays one short line."""
+    text = repr(value)
+    return text if len(text) <= MAX_SHOWN_CHARS else text[:MAX_SHOWN_CHARS] + "...(cut)"
+
 
 class TestbedError(Exception):
     """Base of every error the testbed raises on purpose."""
@@ -23,7 +31,7 @@ class SpecError(TestbedError):
 
     def __init__(self, file: str, path: str, expected: str, got: object):
         self.file, self.path, self.expected, self.got = file, path, expected, got
-        super().__init__(f"{file}: {path or '<top>'}: expected {expected}, got {got!r}")
+        super().__init__(f"{file}: {path or '<top>'}: expected {expected}, got {shown(got)}")
 
 
 class PlanError(TestbedError):

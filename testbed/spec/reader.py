@@ -7,6 +7,12 @@ key nobody asked for. Every error is a SpecError naming the file, the YAML
 path (``wan.loss.pct``), the line when known, what was expected and what
 was found. No I/O beyond reading the file.
 
+Hostile input is an error too, never a traceback: ``read_text`` rejects
+bytes that are not UTF-8, the loader rejects documents nested deeper than
+MAX_DEPTH, duplicate keys (PyYAML would keep the last one silently, which
+hides typos), unhashable keys, and scalars Python cannot build (an integer
+of thousands of digits, a date like 2020-13-45), each with its line.
+
 Example::
 
     data = load_yaml("topologies/two-dc.yaml")
@@ -26,6 +32,8 @@ import yaml
 from testbed.errors import SpecError
 
 T = TypeVar("T")
+MAX_DEPTH = 100  # nesting levels a document may have (real files use fewer than 10)
+MAX_INT = 2**63 - 1  # no integer field takes more (an int64)
 
 
 class LineDict(dict):
@@ -35,7 +43,27 @@ class LineDict(dict):
 
 
 class _Loader(yaml.SafeLoader):
-    pass
+    """SafeLoader with a nesting limit and located errors for unbuildable scalars."""
+
+    depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.depth >= MAX_DEPTH:
+            raise yaml.composer.ComposerError(
+                None, None, f"more than {MAX_DEPTH} levels of nesting",
+                self.peek_event().start_mark)
+        self.depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        try:
+            return super().construct_object(node, deep)
+        except (ValueError, OverflowError) as e:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"cannot build {node.value!s:.40}: {e}", node.start_mark) from None
 
 
 def _construct_mapping(loader: _Loader, node: yaml.MappingNode) -> LineDict:
@@ -43,6 +71,12 @@ def _construct_mapping(loader: _Loader, node: yaml.MappingNode) -> LineDict:
     out.lines = {}
     for key_node, value_node in node.value:
         key = loader.construct_object(key_node, deep=True)
+        try:
+            hash(key)
+        except TypeError:
+            raise yaml.constructor.ConstructorError(
+                None, None, "a mapping key that is a list or mapping",
+                key_node.start_mark) from None
         if key in out:
             raise yaml.constructor.ConstructorError(
                 None, None, f"duplicate key {key!r}", key_node.start_mark)
@@ -54,19 +88,49 @@ def _construct_mapping(loader: _Loader, node: yaml.MappingNode) -> LineDict:
 _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
+def read_text(path: str | Path, what: str) -> str:
+    """The file's text; SpecError if it cannot be read or is not UTF-8.
+
+    ``what`` names the expected content in the error ("YAML file").
+    """
+    try:
+        data = Path(path).read_bytes()
+    except (OSError, ValueError) as e:  # ValueError: a NUL in the path
+        raise SpecError(str(path), "", f"a readable {what}",
+                        getattr(e, "strerror", None) or str(e)) from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise SpecError(str(path), f"line {line}", f"a {what} in UTF-8",
+                        data[e.start:e.start + 4]) from None
+
+
 def load_yaml(path: str | Path) -> Any:
     """Parse a YAML file; syntax errors become SpecError with the line."""
     path = str(path)
-    try:
-        text = Path(path).read_text()
-    except OSError as e:
-        raise SpecError(path, "", "a readable YAML file", e.strerror) from None
+    text = read_text(path, "YAML file")
     try:
         return yaml.load(text, Loader=_Loader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else ""
-        raise SpecError(path, where, "valid YAML", str(e).replace("\n", " ")) from None
+        raise SpecError(path, where, "valid YAML", _yaml_problem(e)) from None
+
+
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    """The error without PyYAML's quoted source lines (the line is in the path)."""
+    parts = [getattr(e, "context", None), getattr(e, "problem", None)]
+    text = ", ".join(str(p) for p in parts if p) or str(e)
+    return " ".join(text.split())
+
+
+def finite(v: float) -> bool:
+    """True for a finite number; False for NaN, infinities and ints beyond a float."""
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False
 
 
 def join(path: str, key: str | int) -> str:
@@ -112,7 +176,7 @@ class Fields:
         if key not in self.data:
             return default  # defaults are the caller's, not checked
         what = f"a number{' of ' + unit if unit else ''}"
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not finite(v):
             raise self.error(key, what + " (units are in the field name)", v)
         if lo is not None and (v < lo or (lo_open and v == lo)):
             raise self.error(key, f"{what} {'>' if lo_open else '>='} {lo:g}", v)
@@ -127,6 +191,8 @@ class Fields:
             return default  # defaults are the caller's, not checked
         if isinstance(v, bool) or not isinstance(v, int):
             raise self.error(key, "an integer", v)
+        if abs(v) > MAX_INT:
+            raise self.error(key, f"an integer of at most {MAX_INT}", v)
         if lo is not None and v < lo:
             raise self.error(key, f"an integer >= {lo}", v)
         if hi is not None and v > hi:
@@ -165,8 +231,8 @@ class Fields:
 
     def sub(self, key: str, default: Any = ...) -> "Fields | None":
         v = self.raw(key, default)
-        if v is None:
-            return None
+        if v is None and default is not ...:
+            return None  # an optional section left empty
         return Fields(v, self.file, join(self.path, key))
 
     def items(self, key: str, *, min_len: int = 0) -> list["Fields"]:
