@@ -25,7 +25,7 @@ from pathlib import Path
 
 from testbed.errors import SpecError
 from testbed.spec.link import LossSpec, parse_loss
-from testbed.spec.reader import Fields
+from testbed.spec.reader import Fields, finite, read_text
 
 FAULT_KINDS = ("bandwidth", "bandwidth_schedule", "rtt", "loss", "link_flap", "congestion",
                "kill")
@@ -75,24 +75,49 @@ def _schedule(f: Fields, base: Path) -> list[tuple[float, float]]:
 def _read_trace(f: Fields, base: Path) -> list[tuple[float, float]]:
     rel = f.str("trace")
     path = (base / rel) if not Path(rel).is_absolute() else Path(rel)
+    if not is_file(path):
+        raise f.error("trace", "a readable CSV file of t_s,rate_gbit", str(path))
+    out = load_rate_trace(path)
+    if not out:
+        raise f.error("trace", "a CSV with at least one t_s,rate_gbit row", str(path))
+    return out
+
+
+def is_file(path: Path) -> bool:
+    """Path.is_file, False also for names the OS refuses (too long, NUL)."""
     try:
-        rows = list(csv.reader(path.read_text().splitlines()))
-    except OSError as e:
-        raise f.error("trace", "a readable CSV file of t_s,rate_gbit", f"{path} ({e.strerror})")
+        return path.is_file()
+    except (OSError, ValueError):
+        return False
+
+
+def load_rate_trace(path: str | Path) -> list[tuple[float, float]]:
+    """(t_s, rate_gbit) rows of a bandwidth trace CSV (an optional ``t_s,rate_gbit``
+    header, ``#`` comments); SpecError naming the file and the row."""
+    file = str(path)
+    try:
+        rows = list(csv.reader(read_text(path, "CSV file of t_s,rate_gbit").splitlines()))
+    except csv.Error as e:
+        raise SpecError(file, "", "CSV rows of t_s,rate_gbit", str(e)) from None
     out = []
     for i, row in enumerate(r for r in rows if r and not r[0].startswith("#")):
         if i == 0 and row[0].strip() == "t_s":
             continue
-        try:
-            t, rate = float(row[0]), float(row[1])
-        except (ValueError, IndexError):
-            raise SpecError(str(path), f"row {i + 1}", "t_s,rate_gbit numbers", row) from None
-        if t < 0 or rate <= 0:
-            raise SpecError(str(path), f"row {i + 1}", "t_s >= 0 and rate_gbit > 0", row)
-        out.append((t, rate))
-    if not out:
-        raise f.error("trace", "a CSV with at least one t_s,rate_gbit row", str(path))
+        out.append(_trace_row(file, f"row {i + 1}", row))
     return out
+
+
+def _trace_row(file: str, where: str, row: list[str]) -> tuple[float, float]:
+    try:
+        t, rate = float(row[0]), float(row[1])
+    except (ValueError, IndexError):
+        raise SpecError(file, where, "t_s,rate_gbit numbers", row) from None
+    if not finite(t) or t < 0:
+        raise SpecError(file, f"{where}: t_s", "a finite time >= 0", row[0])
+    if not finite(rate) or not 0 < rate <= _RATE["hi"]:
+        raise SpecError(file, f"{where}: rate_gbit", f"a rate in (0, {_RATE['hi']:g}] Gbit/s",
+                        row[1])
+    return t, rate
 
 
 def _parse_one(f: Fields, index: int, base: Path) -> FaultSpec:

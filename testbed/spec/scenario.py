@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from testbed.errors import SpecError
-from testbed.spec.faults import FaultSpec, parse_faults
+from testbed.spec.faults import FaultSpec, is_file, parse_faults
 from testbed.spec.link import parse_link
 from testbed.spec.reader import Fields, load_yaml
 from testbed.spec.topology import Topology, load_topology
@@ -155,7 +155,7 @@ def _parse_expectation(f: Fields, modes: tuple[str, ...]) -> Expectation:
 def _parse_topology(f: Fields, base: Path) -> Topology:
     rel = f.str("topology")
     path = base / rel if not Path(rel).is_absolute() else Path(rel)
-    if not path.exists():
+    if not is_file(path):
         raise f.error("topology", "an existing topology file", f"{rel} (looked at {path})")
     topo = load_topology(path)
     wan = f.sub("wan", None)
