@@ -25,7 +25,7 @@ from pathlib import Path
 
 from testbed.errors import SpecError
 from testbed.spec.link import LossSpec, parse_loss
-from testbed.spec.reader import Fields, finite, read_text
+from testbed.spec.reader import Fields, finite, is_file, read_text
 
 FAULT_KINDS = ("bandwidth", "bandwidth_schedule", "rtt", "loss", "link_flap", "congestion",
                "kill")
@@ -81,14 +81,6 @@ def _read_trace(f: Fields, base: Path) -> list[tuple[float, float]]:
     if not out:
         raise f.error("trace", "a CSV with at least one t_s,rate_gbit row", str(path))
     return out
-
-
-def is_file(path: Path) -> bool:
-    """Path.is_file, False also for names the OS refuses (too long, NUL)."""
-    try:
-        return path.is_file()
-    except (OSError, ValueError):
-        return False
 
 
 def load_rate_trace(path: str | Path) -> list[tuple[float, float]]:

@@ -106,6 +106,14 @@ def read_text(path: str | Path, what: str) -> str:
                         data[e.start:e.start + 4]) from None
 
 
+def is_file(path: Path) -> bool:
+    """Path.is_file, False also for names the OS refuses (too long, NUL)."""
+    try:
+        return path.is_file()
+    except (OSError, ValueError):
+        return False
+
+
 def load_yaml(path: str | Path) -> Any:
     """Parse a YAML file; syntax errors become SpecError with the line."""
     path = str(path)

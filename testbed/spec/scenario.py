@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from testbed.errors import SpecError
-from testbed.spec.faults import FaultSpec, is_file, parse_faults
+from testbed.spec.faults import FaultSpec, parse_faults
 from testbed.spec.link import parse_link
-from testbed.spec.reader import Fields, load_yaml
+from testbed.spec.reader import Fields, is_file, load_yaml
 from testbed.spec.topology import Topology, load_topology
 from testbed.types import HandoffMode, Mode
 

@@ -36,7 +36,6 @@ Example::
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +44,8 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from testbed.errors import SpecError
+from testbed.spec.reader import finite, is_file
+from testbed.spec.jsonread import parse_json
 from testbed.workload.records import Request
 from testbed.workload.spec import MooncakeSpec, WorkloadSpec, error_path
 from testbed.workload.tokens import MAX_HASH_ID, as_prompt, hashed_tokens
@@ -71,10 +72,7 @@ def parse_trace_line(file: str, line: int, text: str, block_tokens: int) -> Trac
     def bad(field: str, expected: str, got: object) -> SpecError:
         return SpecError(file, f"line {line}" + (f": {field}" if field else ""), expected, got)
 
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise bad("", "a JSON object", f"{text.strip()[:60]} ({e.msg})") from None
+    obj = parse_json(text, file, f"line {line}", "a JSON object")
     if not isinstance(obj, dict):
         raise bad("", "a JSON object", obj)
     for key in obj:
@@ -84,7 +82,7 @@ def parse_trace_line(file: str, line: int, text: str, block_tokens: int) -> Trac
         if key not in obj:
             raise bad(key, "this field to be set", "nothing")
     ts = obj["timestamp"]
-    if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not 0 <= ts < math.inf:
+    if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not finite(ts) or ts < 0:
         raise bad("timestamp", "a time in ms >= 0", ts)
     n_in, n_out, ids = obj["input_length"], obj["output_length"], obj["hash_ids"]
     if not _is_int(n_in, 1, MAX_TRACE_TOKENS):
@@ -106,16 +104,31 @@ def read_trace(path: str | Path, block_tokens: int = 512) -> Iterator[TraceRow]:
     Example: ``next(read_trace("trace.jsonl")).hash_ids``.
     """
     file, last = str(path), 0.0
-    with open(path, encoding="utf-8") as fh:
-        for line, text in enumerate(fh, start=1):
-            if not text.strip():
-                continue
-            row = parse_trace_line(file, line, text, block_tokens)
-            if row.timestamp_ms < last:
-                raise SpecError(file, f"line {line}: timestamp",
-                                f"a time >= the previous line's ({last:g} ms)", row.timestamp_ms)
-            last = row.timestamp_ms
-            yield row
+    for line, text in _lines(file):
+        if not text.strip():
+            continue
+        row = parse_trace_line(file, line, text, block_tokens)
+        if row.timestamp_ms < last:
+            raise SpecError(file, f"line {line}: timestamp",
+                            f"a time >= the previous line's ({last:g} ms)", row.timestamp_ms)
+        last = row.timestamp_ms
+        yield row
+
+
+def _lines(file: str) -> Iterator[tuple[int, str]]:
+    """(1-based number, text) of each line, lazily; SpecError if unreadable or not UTF-8."""
+    try:
+        fh = open(file, "rb")
+    except (OSError, ValueError) as e:
+        raise SpecError(file, "", "a readable JSONL trace", getattr(e, "strerror", None)
+                        or str(e)) from None
+    with fh:
+        for line, raw in enumerate(fh, start=1):
+            try:
+                yield line, raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise SpecError(file, f"line {line}", "UTF-8 text",
+                                raw[e.start:e.start + 4]) from None
 
 
 def select_rows(rows: Iterable[TraceRow], spec: MooncakeSpec) -> Iterator[TraceRow]:
@@ -183,7 +196,7 @@ def load_mooncake(spec: WorkloadSpec, base_dir: str | Path = ".") -> tuple[Reque
     """Requests of the trace named by spec.mooncake; () if it is absent and missing_ok."""
     mc = spec.mooncake
     path = Path(mc.path) if Path(mc.path).is_absolute() else Path(base_dir) / mc.path
-    if not path.is_file():
+    if not is_file(path):
         if mc.missing_ok:
             return ()
         raise SpecError(spec.file, error_path(spec, "path"), "an existing Mooncake trace "
