@@ -6,7 +6,8 @@ loader ``load_config`` / ``parse_config``. Every role process reads the same
 file and picks its own instance by name; unknown keys, wrong types and
 out-of-range values raise ``SpecError`` naming the file, the JSON path, what
 was expected and what was found. Validation is pure (no I/O beyond reading
-the file).
+the file); the JSON is read strictly (testbed.spec.jsonread: no NaN, no
+duplicate keys, bounded nesting) and numbers must be finite and int64-sized.
 
 Example file (every section but ``instances`` may be left out)::
 
@@ -25,13 +26,14 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import json
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from testbed.errors import SpecError
+from testbed.spec.jsonread import parse_json
+from testbed.spec.reader import MAX_INT, finite, read_text
 from testbed.pdd.costmodel import BIG_MODEL, GPU_A, GPU_B, CostModel, ModelProfile
 from testbed.pdd.model import ModelConfig
 from testbed.pdd.wire import Role
@@ -205,6 +207,8 @@ def _parse_value(tp: Any, value: Any, file: str, path: str, meta: dict) -> Any:
         ok = isinstance(value, int) or (tp is float and isinstance(value, float))
         if not ok or isinstance(value, bool):
             raise bad("an integer" if tp is int else "a number")
+        if not finite(value) or abs(value) > MAX_INT:
+            raise bad(f"a finite number of magnitude at most {MAX_INT}")
         if value < meta.get("lo", float("-inf")) or value > meta.get("hi", float("inf")):
             raise bad(f"a value in [{meta.get('lo', '-inf')}, {meta.get('hi', 'inf')}]")
         return tp(value)
@@ -232,7 +236,7 @@ def parse_section(cls: type, obj: Any, file: str, path: str) -> Any:
                               dict(known[k].metadata)) for k, v in obj.items()}
     try:
         return cls(**values)
-    except (TypeError, ValueError) as err:
+    except (TypeError, ValueError, ArithmeticError) as err:  # __post_init__ checks
         raise SpecError(file, path, f"a valid {cls.__name__}", str(err)) from None
 
 
@@ -265,12 +269,8 @@ def parse_config(obj: Any, file: str = "<config>") -> ClusterConfig:
 
 def load_config(path: str | Path) -> ClusterConfig:
     """Read and validate a cluster config file: ``load_config("cluster.json")``."""
-    path = Path(path)
-    try:
-        obj = json.loads(path.read_text())
-    except ValueError as err:
-        raise SpecError(str(path), "", "valid JSON", str(err)) from None
-    return parse_config(obj, str(path))
+    file = str(path)
+    return parse_config(parse_json(read_text(file, "JSON file"), file), file)
 
 
 def config_to_dict(cfg: Any) -> Any:
