@@ -34,6 +34,8 @@ from testbed.pdd.config import ClusterConfig
 from testbed.pdd.protocol import (Cancel, Done, Error, Frame, Hello, Report, Request, Role,
                                   Tokens)
 from testbed.pdd.transport import Connection, ConnectionClosed, Transport
+from testbed.spec.jsonread import parse_json
+from testbed.spec.reader import MAX_INT, finite, read_text
 
 __all__ = ["Client", "ClientRequest", "load_requests", "write_records", "from_workload",
            "warmup_problems"]
@@ -144,22 +146,61 @@ def from_workload(requests: Iterable) -> list[ClientRequest]:
                           r.designed_hit_rate) for r in requests]
 
 
+WORKLOAD_KEYS = ("id", "arrival_s", "prompt", "max_out", "session", "designed_hit_rate",
+                 "warmup")
+MAX_TOKEN_ID = 2**31 - 1
+
+
 def load_requests(path: str | Path) -> list[ClientRequest]:
     """Read a JSONL workload: one {"id", "arrival_s", "prompt", "max_out", "session",
-    "designed_hit_rate", "warmup"} per line (the last three optional)."""
-    out = []
-    keys = {"id", "arrival_s", "prompt", "max_out", "session", "designed_hit_rate", "warmup"}
-    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        obj = json.loads(line)
-        if not isinstance(obj, dict) or not keys >= set(obj) or not {"id", "prompt",
-                                                                      "max_out"} <= set(obj):
-            raise SpecError(str(path), f"line {n}", f"an object with keys {sorted(keys)}", obj)
-        out.append(ClientRequest(obj["id"], float(obj.get("arrival_s", 0.0)),
-                                 tuple(obj["prompt"]), obj["max_out"], obj.get("session", 0),
-                                 obj.get("designed_hit_rate"), bool(obj.get("warmup", False))))
+    "designed_hit_rate", "warmup"} per line (all but id, prompt and max_out optional).
+
+    Any other key, a wrong type or a non-finite number is a SpecError naming the
+    file, the line and the field.
+    """
+    file, out = str(path), []
+    for n, line in enumerate(read_text(file, "JSONL workload").split("\n"), 1):
+        if line.strip():
+            obj = parse_json(line, file, f"line {n}", "a JSON object")
+            out.append(_request_of(obj, file, f"line {n}"))
     return out
+
+
+def _is_int(v: object, lo: int, hi: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
+
+
+def _is_num(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and finite(v)
+
+
+def _request_of(obj: object, file: str, where: str) -> ClientRequest:
+    """One workload line's request, every field checked."""
+    if not isinstance(obj, dict):
+        raise SpecError(file, where, "a JSON object", obj)
+    for key in obj:
+        if key not in WORKLOAD_KEYS:
+            raise SpecError(file, f"{where}: {key}", "a known field (one of "
+                            + ", ".join(WORKLOAD_KEYS) + ")", key)
+    checks = (("id", ..., lambda v: _is_int(v, 0, MAX_INT), "an integer id >= 0"),
+              ("arrival_s", 0.0, _is_num, "a finite time in s"),
+              ("prompt", ..., lambda v: isinstance(v, list) and len(v) > 0 and all(
+                  _is_int(t, 0, MAX_TOKEN_ID) for t in v), "a non-empty list of token ids"),
+              ("max_out", ..., lambda v: _is_int(v, 1, MAX_INT), "an integer >= 1"),
+              ("session", 0, lambda v: isinstance(v, str) or _is_int(v, -MAX_INT, MAX_INT),
+               "an integer or a string"),
+              ("designed_hit_rate", None, lambda v: v is None or _is_num(v), "a finite number"),
+              ("warmup", False, lambda v: isinstance(v, bool), "true or false"))
+    values = {}
+    for key, default, ok, expected in checks:
+        if key not in obj and default is ...:
+            raise SpecError(file, f"{where}: {key}", "this field to be set", "nothing")
+        values[key] = obj.get(key, default)
+        if not ok(values[key]):
+            raise SpecError(file, f"{where}: {key}", expected, values[key])
+    return ClientRequest(values["id"], float(values["arrival_s"]), tuple(values["prompt"]),
+                         values["max_out"], values["session"], values["designed_hit_rate"],
+                         values["warmup"])
 
 
 def warmup_problems(records: Sequence[dict]) -> list[str]:

@@ -22,7 +22,7 @@ import signal
 import sys
 from pathlib import Path
 
-from testbed.errors import TestbedError
+from testbed.errors import SpecError, TestbedError
 from testbed.pdd.client import Client, load_requests, warmup_problems, write_records
 from testbed.pdd.cluster import ROLE_CLASSES
 from testbed.pdd.config import ClusterConfig, load_config
@@ -93,7 +93,11 @@ def main(argv: list[str] | None = None) -> int:
         if not (args.workload and args.out):
             print("error: a client instance needs --workload and --out", file=sys.stderr)
             return 2
-        asyncio.run(run_client(cfg, args.name, args.workload, args.out))
+        try:
+            asyncio.run(run_client(cfg, args.name, args.workload, args.out))
+        except SpecError as err:  # a bad workload file
+            print(f"error: {err}", file=sys.stderr)
+            return 2
     else:
         asyncio.run(serve_role(cfg, args.name))
     return 0
