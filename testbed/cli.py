@@ -1,8 +1,9 @@
 """Command line: argument parsing and exit codes only.
 
 Exit codes: 0 success; 1 a check or expectation failed (calibrate out of
-tolerance); 2 bad input (SpecError), a failed emulation, or missing
-privileges/tools; 130 interrupted.
+tolerance, a fuzzed reader raised something other than SpecError); 2 bad
+input (SpecError), a failed emulation, or missing privileges/tools; 130
+interrupted.
 """
 
 from __future__ import annotations
@@ -175,7 +176,22 @@ def cmd_compare(args) -> int:
     return 0
 
 
+def cmd_bench_fuzz(args) -> int:
+    from pathlib import Path
+
+    from testbed.spec.fuzz import run_fuzz
+
+    out = run_fuzz(args.cases, args.seed)
+    text = json.dumps(out, indent=1)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    return 1 if out["tracebacks_total"] else 0
+
+
 def cmd_bench(args) -> int:
+    if args.what == "fuzz":
+        return cmd_bench_fuzz(args)
     if args.what == "updown":
         from testbed.net.updown import updown
 
@@ -280,11 +296,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dirs", nargs="+")
     p.add_argument("--labels", nargs="+", help="column names (default: folder and backend)")
     p.set_defaults(func=cmd_compare)
-    p = sub.add_parser("bench", help="benchmarks: updown (build/teardown), handoff")
-    p.add_argument("what", choices=("updown", "handoff"))
+    p = sub.add_parser("bench", help="benchmarks: updown (build/teardown), handoff, "
+                       "fuzz (input readers, no root)")
+    p.add_argument("what", choices=("updown", "handoff", "fuzz"))
     _net_args(p)
     p.add_argument("--cycles", type=int, default=20)
     p.add_argument("--trials", type=int, default=30)
+    p.add_argument("--cases", type=int, default=10_000, help="fuzz: inputs per reader")
+    p.add_argument("--seed", type=int, default=1, help="fuzz: random seed")
+    p.add_argument("--out", help="fuzz: also write the JSON result to this file")
     p.set_defaults(func=cmd_bench)
     p = sub.add_parser("shell", help="Mininet CLI on the emulated network")
     _net_args(p)
