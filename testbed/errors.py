@@ -16,6 +16,11 @@ def shown(value: object) -> str:
     return text if len(text) <= MAX_SHOWN_CHARS else text[:MAX_SHOWN_CHARS] + "...(cut)"
 
 
+def one_line(text: str) -> str:
+    """``text`` with newlines and other unprintable characters escaped (``\\n``)."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
+
+
 class TestbedError(Exception):
     """Base of every error the testbed raises on purpose."""
 
@@ -31,7 +36,8 @@ class SpecError(TestbedError):
 
     def __init__(self, file: str, path: str, expected: str, got: object):
         self.file, self.path, self.expected, self.got = file, path, expected, got
-        super().__init__(f"{file}: {path or '<top>'}: expected {expected}, got {shown(got)}")
+        super().__init__(f"{one_line(file)}: {one_line(path) or '<top>'}: expected "
+                         f"{one_line(expected)}, got {shown(got)}")
 
 
 class PlanError(TestbedError):
