@@ -128,8 +128,9 @@ def hostile_value(rng: random.Random, depth: int = 0) -> Any:
 
 
 def _text(rng: random.Random) -> str:
-    return rng.choice(("", "x", "a" * 300, "name", "kind", "\x00", "\u2028", "é", "[", "1e3",
-                       "t_s", "-", "10.0.0.0/8", "pdd", "synthetic", "\ud800"))
+    return rng.choice(("", "x", "a" * 300, "name", "kind", "\x00", "\n", "a\rb", "\x85",
+                       "\u2028", "é", "[", "1e3", "t_s", "-", "10.0.0.0/8", "pdd", "synthetic",
+                       "\ud800"))
 
 
 def dump(fmt: str, value: Any) -> bytes:
@@ -266,8 +267,8 @@ def classify(reader: Reader, path: Path) -> tuple[str, str]:
         reader.load(path)
     except SpecError as e:
         msg = str(e)
-        return ("traceback", "multi-line SpecError: " + msg[:300]) if "\n" in msg \
-            else ("rejected", msg)
+        return ("traceback", "multi-line SpecError: " + msg[:300]) \
+            if len(msg.splitlines()) > 1 else ("rejected", msg)
     except Exception as e:  # noqa: BLE001 - the point: any other exception is a finding
         return "traceback", f"{type(e).__name__}: {str(e)[:300]}"
     return "accepted", ""
