@@ -89,7 +89,7 @@ def _mooncake_example() -> bytes:
     return "".join(text.splitlines(keepends=True)[:6]).encode()
 
 
-def _readers() -> dict[str, Reader]:
+def reader_table() -> dict[str, Reader]:
     from testbed.pdd.client import load_requests
     from testbed.pdd.config import load_config
     from testbed.spec.faults import load_rate_trace
@@ -297,7 +297,7 @@ def fuzz_reader(reader: Reader, cases: int, seed: int, workdir: Path) -> dict:
 def run_fuzz(cases: int = 10_000, seed: int = 1, readers: tuple[str, ...] = READER_NAMES
              ) -> dict:
     """Fuzz every reader (``cases`` inputs each); JSON-ready result with totals."""
-    table = _readers()
+    table = reader_table()
     out: dict = {"seed": seed, "cases_per_reader": cases, "readers": {}}
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="testbed-fuzz-") as tmp:

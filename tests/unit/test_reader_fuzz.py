@@ -6,7 +6,7 @@ gets random bytes, random structures, spliced and mutated valid examples;
 explicit regressions pin the failures found on main (a UnicodeDecodeError
 and a RecursionError traceback from ``testbed validate``) and check that the
 CLI answers bad input with exit 2 and one line naming the file and field.
-The big run is ``testbed bench fuzz`` (docs/run-directory.md).
+The big run is ``testbed bench fuzz`` (README.md).
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from hypothesis import strategies as st
 
 from testbed.cli import main
 from testbed.errors import SpecError
-from testbed.spec.fuzz import GENERATORS, READER_NAMES, _readers, dump
+from testbed.spec.fuzz import GENERATORS, READER_NAMES, dump, reader_table
 
-READERS = _readers()
+READERS = reader_table()
 FUZZ = settings(max_examples=50, deadline=None, derandomize=True)
 values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
