@@ -121,9 +121,17 @@ def load_yaml(path: str | Path) -> Any:
     try:
         return yaml.load(text, Loader=_Loader)
     except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark else ""
-        raise SpecError(path, where, "valid YAML", _yaml_problem(e)) from None
+        raise SpecError(path, _yaml_line(e, text), "valid YAML", _yaml_problem(e)) from None
+
+
+def _yaml_line(e: yaml.YAMLError, text: str) -> str:
+    """``line N`` of a YAML error: its mark, or a reader error's character position."""
+    mark = getattr(e, "problem_mark", None)
+    if mark:
+        return f"line {mark.line + 1}"
+    if isinstance(e, yaml.reader.ReaderError):
+        return f"line {text.count(chr(10), 0, e.position) + 1}"
+    return ""
 
 
 def _yaml_problem(e: yaml.YAMLError) -> str:

@@ -108,9 +108,10 @@ def validate(path, capsys) -> str:
     b"&a [*a]\n",
     b"",
     b"- a\n- b\n",
+    b"name: a\nx: \x01\n",
 ], ids=["random-bytes", "invalid-utf8", "surrogate", "deep-flow-list", "deep-flow-map",
         "deep-block-map", "huge-int", "bad-date", "unhashable-key", "recursive-alias", "empty",
-        "top-level-list"])
+        "top-level-list", "control-character"])
 def test_validate_rejects_hostile_yaml_in_one_line(tmp_path, capsys, data):
     path = tmp_path / "bad.yaml"
     path.write_bytes(data)
