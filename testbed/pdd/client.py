@@ -34,8 +34,7 @@ from testbed.pdd.config import ClusterConfig
 from testbed.pdd.protocol import (Cancel, Done, Error, Frame, Hello, Report, Request, Role,
                                   Tokens)
 from testbed.pdd.transport import Connection, ConnectionClosed, Transport
-from testbed.spec.jsonread import parse_json
-from testbed.spec.reader import MAX_INT, finite, read_text
+from testbed.strict import MAX_INT, finite, parse_json, read_text
 
 __all__ = ["Client", "ClientRequest", "load_requests", "write_records", "from_workload",
            "warmup_problems"]

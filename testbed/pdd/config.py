@@ -6,7 +6,7 @@ loader ``load_config`` / ``parse_config``. Every role process reads the same
 file and picks its own instance by name; unknown keys, wrong types and
 out-of-range values raise ``SpecError`` naming the file, the JSON path, what
 was expected and what was found. Validation is pure (no I/O beyond reading
-the file); the JSON is read strictly (testbed.spec.jsonread: no NaN, no
+the file); the JSON is read strictly (testbed.strict: no NaN, no
 duplicate keys, bounded nesting) and numbers must be finite and int64-sized.
 
 Example file (every section but ``instances`` may be left out)::
@@ -32,8 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.errors import SpecError
-from testbed.spec.jsonread import parse_json
-from testbed.spec.reader import MAX_INT, finite, read_text
+from testbed.strict import MAX_INT, finite, parse_json, read_text
 from testbed.pdd.costmodel import BIG_MODEL, GPU_A, GPU_B, CostModel, ModelProfile
 from testbed.pdd.model import ModelConfig
 from testbed.pdd.wire import Role

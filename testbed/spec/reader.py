@@ -23,17 +23,15 @@ Example::
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 import yaml
 
 from testbed.errors import SpecError
+from testbed.strict import MAX_DEPTH, MAX_INT, finite, read_text  # noqa: F401 (re-exported)
 
 T = TypeVar("T")
-MAX_DEPTH = 100  # nesting levels a document may have (real files use fewer than 10)
-MAX_INT = 2**63 - 1  # no integer field takes more (an int64)
 
 
 class LineDict(dict):
@@ -88,24 +86,6 @@ def _construct_mapping(loader: _Loader, node: yaml.MappingNode) -> LineDict:
 _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
-def read_text(path: str | Path, what: str) -> str:
-    """The file's text; SpecError if it cannot be read or is not UTF-8.
-
-    ``what`` names the expected content in the error ("YAML file").
-    """
-    try:
-        data = Path(path).read_bytes()
-    except (OSError, ValueError) as e:  # ValueError: a NUL in the path
-        raise SpecError(str(path), "", f"a readable {what}",
-                        getattr(e, "strerror", None) or str(e)) from None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
-        raise SpecError(str(path), f"line {line}", f"a {what} in UTF-8",
-                        data[e.start:e.start + 4]) from None
-
-
 def is_file(path: Path) -> bool:
     """Path.is_file, False also for names the OS refuses (too long, NUL)."""
     try:
@@ -139,14 +119,6 @@ def _yaml_problem(e: yaml.YAMLError) -> str:
     parts = [getattr(e, "context", None), getattr(e, "problem", None)]
     text = ", ".join(str(p) for p in parts if p) or str(e)
     return " ".join(text.split())
-
-
-def finite(v: float) -> bool:
-    """True for a finite number; False for NaN, infinities and ints beyond a float."""
-    try:
-        return math.isfinite(v)
-    except OverflowError:
-        return False
 
 
 def join(path: str, key: str | int) -> str:

@@ -44,8 +44,8 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from testbed.errors import SpecError
-from testbed.spec.jsonread import parse_json
-from testbed.spec.reader import finite, is_file
+from testbed.spec.reader import is_file
+from testbed.strict import finite, parse_json
 from testbed.workload.records import Request
 from testbed.workload.spec import MooncakeSpec, WorkloadSpec, error_path
 from testbed.workload.tokens import MAX_HASH_ID, as_prompt, hashed_tokens
