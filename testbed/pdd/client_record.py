@@ -91,7 +91,15 @@ class RequestTrace:
                 self.tokens[pos] = (tok, now - self.t_sent, producer)
 
     def on_report(self, msg: Report) -> None:
-        self.reports[_ROLE_KEYS[msg.role.name]] = msg.data
+        key = _ROLE_KEYS[msg.role.name]
+        if key == "router" and "reserve" in msg.data and "router" in self.reports:
+            # re-served after a decoder was lost: keep the routing decision, add the round;
+            # the roles whose REPORTs complete the record are the new round's
+            first = self.reports["router"]
+            first.setdefault("reserves", []).append(msg.data)
+            first["roles"] = msg.data["roles"]
+            return
+        self.reports[key] = msg.data
 
     def fail(self, reason: str) -> None:
         if not self.terminal:
@@ -121,12 +129,16 @@ class RequestTrace:
         stall = None
         if times["RLD"] and times["MD"]:
             stall = round(1000 * (min(times["MD"]) - max(times["RLD"])), 3)
-        relayed = str(self.pipeline()).startswith("p-rld-md")
+        pipeline = str(self.pipeline())
+        relayed = pipeline.startswith("p-rld-md") and "re-served" not in pipeline
         return {"mode": handoff_mode if relayed else None,
                 "batches": len(rld.get("handoff_batches", [])), "stall_ms": stall,
                 "tokens": rld.get("handoff_tokens", 0)}
 
     def pipeline(self) -> str | None:
+        reserves = self.reports.get("router", {}).get("reserves")
+        if reserves:
+            return reserves[-1]["pipeline"]  # "<first>->re-served-<pipeline>"
         final = self.reports.get("RLD", {}).get("pipeline_final")
         return final or self.reports.get("router", {}).get("pipeline")
 

@@ -68,6 +68,14 @@ class ClusterHandles:
         """Stop one role now (its peers see its connections close)."""
         await self.roles.pop(name).stop()
 
+    async def restart(self, name: str) -> None:
+        """Start a fresh process-equivalent of instance ``name`` (after ``kill``): empty
+        caches, same address."""
+        inst = self.cfg.instance(name)
+        node = ROLE_CLASSES[inst.role](self.cfg, name, self.transport_factory(inst))
+        await node.start()
+        self.roles[name] = node
+
     async def stop(self) -> None:
         for name in reversed(list(self.roles)):
             await self.roles.pop(name).stop()

@@ -139,6 +139,8 @@ class RouterConfig:
     wan_window_rtts: float = _f(5.0, "capacity window in RTTs (see wan_window_min_s)", lo=0.0)
     rtt_probe_interval_s: float = _f(0.1, "the router pings each MD this often", lo=0.01)
     rtt_window_s: float = _f(2.0, "RTT = min of the probes of this window", lo=0.01)
+    revive_interval_s: float = _f(0.5, "the router tries to reconnect to a lost instance this "
+                                  "often (a restarted process is used again)", lo=0.01)
 
 
 @dataclass(frozen=True)

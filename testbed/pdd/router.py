@@ -40,17 +40,20 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
+import logging
 import time
 from dataclasses import dataclass, field
 
-from testbed.pdd.config import ClusterConfig, Pipeline
+from testbed.pdd.config import ClusterConfig, Mode, Pipeline
 from testbed.pdd.peers import Peer, RoleServer
-from testbed.pdd.protocol import (Cancel, Done, Error, ErrorCode, Frame, Handoff, Health,
-                                  HealthAck, Report, Request, Role, Tokens)
+from testbed.pdd.protocol import (Cancel, Done, Error, ErrorCode, FinishReason, Frame, Handoff,
+                                  Health, HealthAck, Report, Request, Role, Tokens)
 from testbed.pdd.routing import (InflightPrefixes, PrefixMirror, RldBudget, RouteInputs,
                                  choose_pipeline)
 from testbed.pdd.wan_model import WanModel
-from testbed.pdd.transport import Transport
+from testbed.pdd.transport import ConnectionClosed, Transport
+
+log = logging.getLogger(__name__)
 
 RECOVERY_BATCH = 1000  # batch number of the router's HANDOFF after RLD loss
 _ROLES = (Role.PREFILL, Role.RELAY_DECODE, Role.MAIN_DECODE)
@@ -65,6 +68,10 @@ class Routed:
     client_rid: int
     pipeline: Pipeline
     names: dict[Role, str]  # the instances of the pipeline's roles
+    request: Request | None = None  # the client's request (re-served from it)
+    delivered: list[int] = field(default_factory=list)  # ids forwarded, by client position
+    offset: int = 0  # client position of the current round's position 0 (re-served: > 0)
+    reserves: int = 0  # rounds re-served after a decoder was lost
     rld_tokens: list[int] = field(default_factory=list)
     md_emitted: bool = False
     rld_freed: bool = False
@@ -74,6 +81,7 @@ class Routed:
     recovered: bool = False
     reports: set[Role] = field(default_factory=set)
     rld_tokens_held: int = 0  # modeled KV tokens counted against RLD's budget
+    first_pipeline: str = ""  # the pipeline of the first round (re-served requests)
 
 
 class RouterNode(RoleServer):
@@ -172,6 +180,7 @@ class RouterNode(RoleServer):
             return
         names = {role: self._pick(role) for role in _ROLES}
         r, info = self._decide(client, client_rid, req, names)
+        r.request = req
         self.requests[r.rid] = r
         self._by_client[(id(client), client_rid)] = r
         await client.send(client_rid, Report(Role.ROUTER, self.name, info))
@@ -214,14 +223,15 @@ class RouterNode(RoleServer):
         rld = names[Role.RELAY_DECODE]
         active = self.rld_active.get(rld, 0)
         held = n * timing.token_scale + req.max_output_tokens
-        room = self.rld_budget.room(active, self.rld_held.get(rld, 0), held)
+        room = ("no live RELAY_DECODE" if rld is None
+                else self.rld_budget.room(active, self.rld_held.get(rld, 0), held))
         step = timing.cost(Role.RELAY_DECODE).decode_step_s(active + 1, (active + 1) * n)
         rld_decode_s = req.max_output_tokens * step * timing.time_scale
         margin = self.wan.margin_s()
         d = choose_pipeline(cfg.mode, cfg.router, timing,
                             RouteInputs(n, req.max_output_tokens, pred.wan_s, rld_decode_s, room,
                                         warmup=bool(req.metadata.get("warmup")),
-                                        wan_margin_s=margin))
+                                        wan_margin_s=margin, md_live=md is not None))
         involved = {Role.PREFILL}
         if d.pipeline != Pipeline.P_MD:
             involved.add(Role.RELAY_DECODE)
@@ -294,13 +304,18 @@ class RouterNode(RoleServer):
             else:
                 r.md_emitted = True
                 self._md_has_kv(r)
+            if r.offset:
+                msg = Tokens(msg.producer, msg.start_position + r.offset, msg.token_ids)
+            r.delivered[msg.start_position:] = msg.token_ids
             await r.client.send(r.client_rid, msg)
         elif isinstance(msg, Done):
-            await r.client.send(r.client_rid, msg)
+            await r.client.send(r.client_rid, Done(msg.num_output_tokens + r.offset,
+                                                   msg.finish_reason))
             await self._end(r, None)
         elif isinstance(msg, Error) and peer.role == Role.RELAY_DECODE:
-            # RLD's answer to "md lost": it had already sent its final batch
-            await self._end(r, f"MAIN_DECODE lost after the final handoff ({msg.reason})")
+            # RLD's answer to "md lost": it had already sent its final batch and freed it
+            await self._reserve(r, Role.MAIN_DECODE, f"MAIN_DECODE lost after the final "
+                                                     f"handoff ({msg.reason})")
         elif isinstance(msg, Error):
             await self._path_failed(r, _failed_path(peer.role, msg), msg.reason)
 
@@ -342,9 +357,87 @@ class RouterNode(RoleServer):
                 r.recovered = True
                 await md.send(r.rid, Handoff(RECOVERY_BATCH, 0, tuple(r.rld_tokens), True))
                 return
-        if role == Role.PREFILL and (r.rld_tokens or r.md_emitted):
-            return  # the KV had already left P
-        await self._end(r, f"{role.name} lost: {why}")
+        if role == Role.PREFILL:
+            if r.rld_tokens or r.md_emitted:
+                return  # the KV had already left P
+            await self._end(r, f"{role.name} lost: {why}")
+            return
+        await self._reserve(r, role, f"{role.name} lost: {why}")
+
+    async def _reserve(self, r: Routed, lost: Role, why: str) -> None:
+        """Re-serve ``r`` after decoder ``lost`` died holding it: P prefills the prompt
+        plus every token the client has, and the other decoder continues from there
+        (RLD ``rld-only`` when MD was lost, within RLD's room; MD ``p-md`` when RLD
+        was). The client sees each position once: the new round's positions start
+        at ``len(r.delivered)``. Fails the request when no role can continue it."""
+        if r.terminal:
+            return
+        req, d = r.request, len(r.delivered)
+        if req is not None and d >= req.max_output_tokens:  # only DONE was lost
+            await r.client.send(r.client_rid, Done(d, FinishReason.LENGTH))
+            await self._end(r, None)
+            return
+        target, pipeline, cannot = self._reserve_target(r, lost)
+        if cannot is not None:
+            await self._end(r, f"{why}; not re-served: {cannot}")
+            return
+        for name in r.names.values():  # stop what is left of the old round
+            if (peer := await self.peer_if_live(name)) is not None:
+                await peer.send(r.rid, Cancel())
+        self._retire(r)
+        p = self._pick(Role.PREFILL)
+        decoder = Role.RELAY_DECODE if pipeline == Pipeline.RLD_ONLY else Role.MAIN_DECODE
+        first = r.pipeline.value if not r.reserves else r.first_pipeline
+        r.rid, r.offset, r.reserves, r.first_pipeline = next(self._rids), d, r.reserves + 1, first
+        r.pipeline, r.names, r.reports = pipeline, {Role.PREFILL: p, decoder: target}, set()
+        r.rld_tokens, r.md_emitted, r.rld_freed = [], False, False
+        r.md_lost_sent = r.recovered = False
+        r.md_prompt, r.rld_tokens_held = None, 0
+        self.requests[r.rid] = r
+        if decoder == Role.RELAY_DECODE:
+            r.rld_tokens_held = self._rld_tokens(req, d)
+            self.rld_active[target] = self.rld_active.get(target, 0) + 1
+            self.rld_held[target] = self.rld_held.get(target, 0) + r.rld_tokens_held
+        info = {"pipeline": f"{first}->re-served-{pipeline.value}",
+                "reason": f"re-served after {why}",
+                "reserve": {"round": r.reserves, "from_position": d, "lost": lost.name,
+                            "t": round(time.monotonic(), 6)},
+                "roles": sorted(role.name for role in r.names), "mode": self.cfg.mode.value}
+        await r.client.send(r.client_rid, Report(Role.ROUTER, self.name, info))
+        meta = dict(req.metadata, pipeline=pipeline.value, rld=r.names.get(Role.RELAY_DECODE),
+                    md=r.names.get(Role.MAIN_DECODE))
+        prompt = tuple(req.prompt_token_ids) + tuple(r.delivered)
+        peer = await self.peer_if_live(p)
+        if peer is None or not await peer.send(r.rid, Request(
+                prompt, req.max_output_tokens - d, meta)):
+            await self._end(r, f"{why}; not re-served: prefill unavailable")
+
+    def _reserve_target(self, r: Routed, lost: Role) -> tuple[str | None, Pipeline, str | None]:
+        """(decoder instance, pipeline, None) to re-serve ``r`` on, or (.., why not)."""
+        if self.cfg.mode in (Mode.CROSS_DC_PD, Mode.SAME_DC_PD):
+            return None, Pipeline.P_MD, f"{self.cfg.mode.value} has one decoder only"
+        if r.request is None or self._pick(Role.PREFILL) is None:
+            return None, Pipeline.P_MD, "no live PREFILL"
+        if lost == Role.RELAY_DECODE:
+            md = self._pick(Role.MAIN_DECODE)
+            return md, Pipeline.P_MD, None if md else "no live MAIN_DECODE"
+        rld = self._pick(Role.RELAY_DECODE)
+        if rld is None:
+            return None, Pipeline.RLD_ONLY, "no live RELAY_DECODE"
+        room = self.rld_budget.room(self.rld_active.get(rld, 0), self.rld_held.get(rld, 0),
+                                    self._rld_tokens(r.request, len(r.delivered)))
+        return rld, Pipeline.RLD_ONLY, room
+
+    def _rld_tokens(self, req: Request, delivered: int) -> int:
+        """Modeled KV tokens RLD holds for ``req`` re-served after ``delivered`` tokens."""
+        return (len(req.prompt_token_ids) + delivered) * self.cfg.timing.token_scale \
+            + req.max_output_tokens - delivered
+
+    def _retire(self, r: Routed) -> None:
+        """The old round of a re-served request: out of the id map and the WAN model."""
+        self.requests.pop(r.rid, None)
+        self.wan.forget(r.rid)
+        self.md_inflight.remove(r.rid)
 
     async def on_peer_lost(self, peer: Peer) -> None:
         if peer.role == Role.CLIENT:  # nobody left to serve: cancel its open requests
@@ -353,10 +446,35 @@ class RouterNode(RoleServer):
             return
         if peer.role not in _ROLES:
             return
+        if peer.name not in self.dead:
+            self.spawn(self._revive(peer.name, peer.role), f"revive {peer.name}")
         self.dead.add(peer.name)
         for r in list(self.requests.values()):
             if not r.terminal and r.names.get(peer.role) == peer.name:
                 await self._path_failed(r, peer.role, f"connection to {peer.name} lost")
+
+    async def _revive(self, name: str, role: Role) -> None:
+        """Reconnect to a lost instance every ``revive_interval_s`` until it answers (a
+        restarted process); then route to it again. A restarted process starts empty:
+        MD's DRC and P's prefix cache are forgotten, RLD holds nothing."""
+        while not self._stopped:
+            await asyncio.sleep(self.cfg.router.revive_interval_s)
+            try:
+                await self.peer(name)
+            except ConnectionClosed:
+                continue
+            if role == Role.MAIN_DECODE:
+                self.md_mirrors.pop(name, None)
+                self.md_inflight.forget_md(name)
+            elif role == Role.PREFILL:
+                self.mirror = PrefixMirror(self.cfg.prefill.block_size,
+                                           self.cfg.prefill.cache_capacity_tokens)
+                self.p_free_at.pop(name, None)
+            else:
+                self.rld_active[name], self.rld_held[name] = 0, 0
+            self.dead.discard(name)
+            log.info("%s is back: routing to it again", name)
+            return
 
     async def _end(self, r: Routed, failure: str | None) -> None:
         """The request is over (DONE forwarded, client CANCEL, or ``failure``)."""

@@ -15,6 +15,8 @@ alone underestimates the transfer. The WAN time itself comes from
 Rule, per mode:
 
 - ``cross-dc-pd``: always ``p-md``; ``same-dc-pd``: always ``rld-only``.
+- no live MAIN_DECODE (``md_live`` false) -> ``rld-only`` if RLD has room
+  (else ``p-md``, which the router fails for want of MD) in every other mode.
 - a warm-up request (metadata ``warmup``; it puts a shared system prompt in
   P's cache and MD's DRC before the measured requests) -> ``p-md`` in every
   other mode.
@@ -65,6 +67,7 @@ class RouteInputs:
     rld_room: str | None  # None: RLD can take it; else why not
     warmup: bool = False  # a warm-up request (client metadata)
     wan_margin_s: float = 0.0  # what the threshold test adds to wan_s (WanModel.margin_s)
+    md_live: bool = True  # a MAIN_DECODE instance is up
 
 
 @dataclass(frozen=True)
@@ -108,6 +111,10 @@ def choose_pipeline(mode: Mode, cfg: RouterConfig, timing: TimingConfig,
         return RouteDecision(Pipeline.P_MD, "baseline: all p-md")
     if mode == Mode.SAME_DC_PD:
         return RouteDecision(Pipeline.RLD_ONLY, "baseline: all same-DC")
+    if not inp.md_live:
+        if inp.rld_room is None:
+            return RouteDecision(Pipeline.RLD_ONLY, "MAIN_DECODE down: decode on RLD")
+        return RouteDecision(Pipeline.P_MD, f"MAIN_DECODE down and {inp.rld_room}")
     if inp.warmup:
         return RouteDecision(Pipeline.P_MD, "warm-up: p-md fills P's cache and MD's DRC")
     guard = mode == Mode.PDD
@@ -179,3 +186,7 @@ class InflightPrefixes:
     def remove(self, rid: int) -> None:
         for inflight in self._by_md.values():
             inflight.pop(rid, None)
+
+    def forget_md(self, md: str) -> None:
+        """``md`` restarted: nothing is on its way to it any more."""
+        self._by_md.pop(md, None)

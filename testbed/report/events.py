@@ -19,7 +19,7 @@ from typing import Mapping, Sequence
 FAULT_KINDS = ("fault_start", "fault_end")
 # Event kinds worth listing in the report's timeline (shape/network_up are set-up noise).
 TIMELINE_KINDS = FAULT_KINDS + ("set_link", "link_down", "link_up", "cross_traffic_start",
-                                "cross_traffic_stop", "process_kill")
+                                "cross_traffic_stop", "process_kill", "process_restart")
 _PLAIN = {"t_mono", "t_wall", "kind", "fault", "index", "fault_kind", "params"}
 
 

@@ -36,7 +36,8 @@ DEFAULT_HIT_BINS_PCT: tuple[tuple[float, float], ...] = (
 PRODUCER_STYLE = {"RLD": ("tab:orange", "RLD (eager tokens)"), "MD": ("tab:blue", "MD tokens"),
                   "P": ("tab:gray", "P"), None: ("black", "unknown producer")}
 EVENT_LINES = {"link_down": ("tab:red", "-"), "link_up": ("tab:green", "-"),
-               "process_kill": ("black", "--"), "set_link": ("tab:gray", ":"),
+               "process_kill": ("black", "--"), "process_restart": ("black", ":"),
+               "set_link": ("tab:gray", ":"),
                "cross_traffic_start": ("tab:purple", "-."),
                "cross_traffic_stop": ("tab:purple", ":")}
 DPI = 110

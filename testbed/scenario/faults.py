@@ -89,4 +89,7 @@ def actions_for(fault: FaultSpec, net, roles) -> list[Action]:
         out.append(end(lambda: holder["flows"].stop() if "flows" in holder else None))
     elif f.kind == "kill":
         out.append(start(lambda: roles.kill(p["role"], p["instance"])))
+    elif f.kind == "restart":
+        out.append(start(lambda: roles.kill(p["role"], p["instance"])))
+        out.append(end(lambda: roles.restart(p["role"], p["instance"])))
     return out

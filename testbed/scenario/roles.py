@@ -99,8 +99,8 @@ class RoleSet:
     def _host_of(self, inst: dict) -> str:
         return next(h.name for h in self.net.plan.topology.hosts if h.ip == inst["host"])
 
-    def _start(self, inst: dict, extra: list[str]) -> subprocess.Popen:
-        log = (self.logs / f"{inst['name']}.log").open("w")
+    def _start(self, inst: dict, extra: list[str], log_mode: str = "w") -> subprocess.Popen:
+        log = (self.logs / f"{inst['name']}.log").open(log_mode)
         argv = [sys.executable, "-m", "testbed.pdd.node", str(self.config_path), inst["name"],
                 "--log-level", "INFO"] + extra
         proc = self.net.popen(self._host_of(inst), argv, what=f"{inst['role']} {inst['name']}",
@@ -141,12 +141,15 @@ class RoleSet:
         except OSError:
             return 0
 
-    def kill(self, role: str, instance: str | None) -> None:
-        names = [i["name"] for i in self.cfg["instances"] if i["role"] == role
+    def _instance(self, what: str, role: str, instance: str | None) -> dict:
+        found = [i for i in self.cfg["instances"] if i["role"] == role
                  and (instance is None or i["name"] == instance)]
-        if not names:
-            raise EmulationError(f"kill: no {role} instance {instance or ''} in this mode")
-        name = names[0]
+        if not found:
+            raise EmulationError(f"{what}: no {role} instance {instance or ''} in this mode")
+        return found[0]
+
+    def kill(self, role: str, instance: str | None) -> None:
+        name = self._instance("kill", role, instance)["name"]
         proc = self.procs.get(name)
         if proc is None or proc.poll() is not None:
             self.net.events.record("process_kill", role=role, name=name, already_dead=True)
@@ -154,6 +157,19 @@ class RoleSet:
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=5)
         self.net.events.record("process_kill", role=role, name=name, pid=proc.pid)
+
+    def restart(self, role: str, instance: str | None) -> None:
+        """Start instance ``name`` again (after ``kill``): same config, empty caches."""
+        inst = self._instance("restart", role, instance)
+        name = inst["name"]
+        old = self.procs.get(name)
+        if old is not None and old.poll() is None:
+            self.net.events.record("process_restart", role=role, name=name, already_up=True)
+            return
+        proc = self._start(inst, [], log_mode="a")
+        self.procs[name] = proc  # registered before the wait: stop() ends it either way
+        _wait_ready(proc, name, self.logs / f"{name}.log", self.ready_timeout_s)
+        self.net.events.record("process_restart", role=role, name=name, pid=proc.pid)
 
     def stop(self) -> None:
         for proc in ([self.client] if self.client else []) + list(self.procs.values())[::-1]:

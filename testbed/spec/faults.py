@@ -14,7 +14,8 @@ Kinds::
     loss         pct | loss: {model: gilbert_elliott, ...}  [link] [duration_s]
     link_flap    down_s [link]                             link down, then up
     congestion   flows [direction a>b|b>a] duration_s      N TCP cross flows
-    kill         role (main_decode|relay_decode) [instance] kill -9 a role process
+    kill         role (main_decode|relay_decode|prefill) [instance]  kill -9 a role process
+    restart      role [instance] down_s                    kill -9, start it again after down_s
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ from testbed.spec.link import LossSpec, parse_loss
 from testbed.spec.reader import Fields, finite, is_file, read_text
 
 FAULT_KINDS = ("bandwidth", "bandwidth_schedule", "rtt", "loss", "link_flap", "congestion",
-               "kill")
-KILLABLE_ROLES = ("main_decode", "relay_decode")
+               "kill", "restart")
+KILLABLE_ROLES = ("main_decode", "relay_decode", "prefill")
 
 
 @dataclass(frozen=True)
@@ -137,9 +138,11 @@ def _parse_one(f: Fields, index: int, base: Path) -> FaultSpec:
         p["direction"] = f.choice("direction", ("a>b", "b>a"), "a>b")
         if dur is None:
             raise f.error("duration_s", "a duration for congestion", None)
-    elif kind == "kill":
+    elif kind in ("kill", "restart"):
         p["role"] = f.choice("role", KILLABLE_ROLES)
         p["instance"] = f.str("instance", None)
+        if kind == "restart":
+            dur = f.num("down_s", lo=0, lo_open=True, unit="s")
     f.done()
     return FaultSpec(index, at, kind, link, dur, p)
 

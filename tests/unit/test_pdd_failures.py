@@ -2,7 +2,10 @@
 
 Every request must end ``completed`` or ``failed`` with a reason; a relayed
 request survives the loss of MD before the final handoff (RLD finishes it)
-and the loss of RLD (MD continues from the token ids RLD had emitted).
+and the loss of RLD (MD continues from the token ids RLD had emitted); a
+request held by the lost decoder alone is re-served (P prefills prompt +
+delivered tokens, the other decoder continues), each position once; a
+restarted instance is used again.
 """
 
 from __future__ import annotations
@@ -41,7 +44,53 @@ def test_md_lost_before_the_final_handoff_rld_finishes_the_request():
     assert relayed["status"] == "completed" and relayed["pipeline"] == "p-rld-md->rld"
     assert set(producers(relayed)) == {"RLD"} and len(relayed["tokens"]) == 100
     assert verify_records([relayed], cfg.model)[0].match
-    assert p_md["status"] == "failed" and "MAIN_DECODE" in p_md["reason"]
+    # MD held the p-md request alone: re-served on RLD from the tokens delivered
+    assert p_md["status"] == "completed", p_md["reason"]
+    assert p_md["pipeline"] == "p-md->re-served-rld-only"
+    reserve = p_md["reports"]["router"]["reserves"][0]["reserve"]
+    who = producers(p_md)
+    assert who == ["MD"] * reserve["from_position"] + ["RLD"] * (30 - reserve["from_position"])
+    assert verify_records([p_md], cfg.model)[0].match
+
+
+def test_md_lost_mid_decode_the_request_continues_on_rld_each_position_once():
+    cfg = small_config("pdd", "one-shot")
+    late = ClientRequest(1, 0.0, P_MD.prompt, 200, "b")
+    records, _ = run(run_on_fake_wan(cfg, [late], [(0.4, kill("md0"))]))
+    r = records[0]
+    assert r["status"] == "completed", r["reason"]
+    who = producers(r)
+    m = who.count("MD")
+    assert 0 < m < 200 and who == ["MD"] * m + ["RLD"] * (200 - m)
+    assert r["tokens_duplicated"] == 0 and verify_records([r], cfg.model)[0].match
+
+
+def test_without_a_second_decoder_a_request_on_the_lost_md_fails_with_a_reason():
+    cfg = small_config("cross-dc-pd")
+    records, _ = run(run_on_fake_wan(cfg, [P_MD], [(0.12, kill("md0"))]))
+    assert records[0]["status"] == "failed"
+    assert "MAIN_DECODE lost" in records[0]["reason"]
+    assert "one decoder only" in records[0]["reason"]
+
+
+def test_while_md_is_down_requests_go_to_rld_and_a_restarted_md_is_used_again():
+    cfg = small_config("pdd", "one-shot")
+
+    async def restart(handles):
+        await handles.restart("md0")
+
+    anchor = ClientRequest(2, 0.0, P_MD.prompt[:10], 2, "z")  # the client's time 0
+    during = ClientRequest(3, 0.3, P_MD.prompt, 30, "d")
+    after = ClientRequest(4, 2.0, RELAYED.prompt[:40], 30, "e")
+    records, _ = run(run_on_fake_wan(cfg, [anchor, during, after], [(0.05, kill("md0")),
+                                                                    (0.8, restart)]))
+    assert_all_terminal_with_reasons(records)
+    assert records[0]["status"] == "completed", records[0]["reason"]
+    d, a = records[1:]
+    assert d["status"] == "completed" and d["pipeline"] == "rld-only"
+    assert "MAIN_DECODE down" in d["reports"]["router"]["reason"]
+    assert a["status"] == "completed" and "MD" in producers(a)
+    assert verify_records(records, cfg.model)[0].match
 
 
 def test_rld_lost_md_continues_from_the_token_ids_rld_had_emitted():
@@ -55,8 +104,13 @@ def test_rld_lost_md_continues_from_the_token_ids_rld_had_emitted():
     m = who.count("RLD")
     assert m > 0 and who == ["RLD"] * m + ["MD"] * (100 - m)
     assert verify_records([relayed], cfg.model)[0].match
-    assert anomalous["pipeline"] == "rld-only"
-    assert anomalous["status"] == "failed" and "RELAY_DECODE" in anomalous["reason"]
+    # the anomalous request was RLD's alone: re-served on MD (p-md) from what it had
+    assert anomalous["status"] == "completed", anomalous["reason"]
+    assert anomalous["pipeline"] == "rld-only->re-served-p-md"
+    who = producers(anomalous)
+    m = who.count("RLD")
+    assert who == ["RLD"] * m + ["MD"] * (200 - m)
+    assert verify_records([anomalous], cfg.model)[0].match
 
 
 def test_requests_that_cannot_finish_in_time_fail_with_a_timeout():
@@ -89,3 +143,15 @@ def test_a_request_rld_finishes_before_its_kv_could_reach_md_stays_local():
     assert r["status"] == "completed" and r["pipeline"] == "rld-only"
     assert "after RLD's last token" in r["reports"]["router"]["reason"]
     assert producers(r) == ["RLD"] * 8 and r["bytes"]["kv_wan"] == 0
+
+
+def test_while_rld_is_down_new_requests_go_p_md():
+    cfg = small_config("pdd", "one-shot")
+    anchor = ClientRequest(2, 0.0, P_MD.prompt[:10], 2, "z")
+    late = ClientRequest(7, 0.3, RELAYED.prompt, 60, "r")  # would be relayed
+    records, _ = run(run_on_fake_wan(cfg, [anchor, late], [(0.05, kill("rld0"))]))
+    assert_all_terminal_with_reasons(records)
+    r = records[1]
+    assert r["status"] == "completed" and r["pipeline"] == "p-md", r["reason"]
+    assert "no live RELAY_DECODE" in r["reports"]["router"]["reason"]
+    assert set(producers(r)) == {"MD"} and verify_records([r], cfg.model)[0].match
