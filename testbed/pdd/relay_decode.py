@@ -159,8 +159,8 @@ class RelayDecodeNode(RoleServer):
 
     async def on_peer_lost(self, peer: Peer) -> None:
         if peer.role == Role.MAIN_DECODE:
-            for st in list(self.states.values()):
-                if st.md_peer is peer or (st.request is not None and
+            for st in list(self.states.values()):  # rld-only requests never needed MD
+                if st.md_peer is peer or (st.pipeline == Pipeline.P_RLD_MD and
                                           st.request.metadata.get("md") == peer.name):
                     await self._md_lost(st, f"connection to {peer.name} lost")
 
