@@ -6,12 +6,13 @@ lines. Pure: nothing here touches the kernel, so every plan is testable
 without root and ``--dry-run`` can print it. ``testbed.net.apply`` carries a
 plan out.
 
-Shape (design.md): each datacenter is a Linux bridge with its hosts and a
-gateway ``gw{dc}``; the gateways reach each other through the WAN node
-``wan``. A *channel* is one shaped direction of a link: htb (rate/k) on the
-sending interface's egress, with a leaf that is either netem (delay, jitter,
-loss, reorder; netem backend) or a packet fifo whose delay stage is the
-userspace delay line in the WAN node (userspace backend).
+Shape (docs/design.md, "The emulated network"): each datacenter is a Linux
+bridge with its hosts and a gateway ``gw{dc}``; the gateways reach each
+other through the WAN node ``wan``. A *channel* is one shaped direction of a
+link: htb (rate/k) on the sending interface's egress, with a leaf that is
+either netem (delay, jitter, loss, reorder; netem backend) or a packet fifo
+whose delay stage is the userspace delay line in the WAN node (userspace
+backend).
 
 Example::
 

@@ -1,10 +1,11 @@
 """Pure arithmetic of link shaping: scale, htb rate/burst, queue limits.
 
-Owns the numbers that turn a nominal LinkSpec into emulated parameters:
-the bandwidth scale k (design.md: emulate rate/k, divide payloads by k, keep
-delays real), htb rate/burst/RATE64, queue limits sized from the
-bandwidth-delay product, and the capacities of each backend measured on the
-project's reference machine (2 cores, see DEVELOPERS notes). No I/O.
+Owns the numbers that turn a nominal LinkSpec into emulated parameters: the
+bandwidth scale k (docs/design.md, "Bandwidth scale k": emulate rate/k,
+divide payloads by k, keep delays real), htb rate/burst/RATE64, queue limits
+sized from the bandwidth-delay product, and the capacities of each backend
+measured on the project's reference machine (2 cores, see DEVELOPERS notes).
+No I/O.
 
 Known distortion of k: the BDP in packets shrinks by k, so TCP slow start
 reaches the link rate k times sooner in packets; transfer times of large

@@ -1,11 +1,12 @@
 """Topology specs: two datacenters joined by a WAN through a WAN node.
 
-Owns Role, HostSpec, DatacenterSpec, WanSpec, Topology and ``load_topology``.
-The physical shape is fixed (design.md): every datacenter is one switch with
-its hosts and a gateway; the two gateways meet through the WAN node, which
-carries the WAN's impairments. The file chooses hosts, roles, subnets and
-link parameters. Host names become interface names inside the host's
-namespace (``{host}-eth{n}``), hence the 15-character kernel limit.
+Owns Role, HostSpec, DatacenterSpec, WanSpec, Topology and
+``load_topology``. The physical shape is fixed (docs/design.md, "The
+emulated network"): every datacenter is one switch with its hosts and a
+gateway; the two gateways meet through the WAN node, which carries the WAN's
+impairments. The file chooses hosts, roles, subnets and link parameters.
+Host names become interface names inside the host's namespace
+(``{host}-eth{n}``), hence the 15-character kernel limit.
 
 Example::
 
