@@ -101,8 +101,10 @@ def test_wan_override_changes_both_directions():
     ("faults.0", {"at_s": -1, "kind": "bandwidth", "rate_gbit": 1}, "faults[0].at_s", ">= 0"),
     ("faults.0", {"at_s": 1, "kind": "congestion", "flows": 2}, "faults[0].duration_s",
      "a duration"),
-    ("faults.0", {"at_s": 1, "kind": "kill", "role": "prefill"}, "faults[0].role",
+    ("faults.0", {"at_s": 1, "kind": "kill", "role": "router"}, "faults[0].role",
      "one of main_decode"),
+    ("faults.0", {"at_s": 1, "kind": "restart", "role": "main_decode"}, "faults[0].down_s",
+     "this field to be set"),
     ("faults.0", {"at_s": 1, "kind": "link_flap"}, "faults[0].down_s", "this field to be set"),
     ("faults.0", {"at_s": 1, "kind": "bandwidth_schedule",
                   "steps": [{"at_s": 5, "rate_gbit": 1}, {"at_s": 2, "rate_gbit": 2}]},
@@ -201,3 +203,25 @@ def test_router_settings_reach_the_cluster_config():
                                                                         (False, False)]
     with pytest.raises(SpecError, match="late_kv_local"):
         parse_scenario(changed("pdd", {"late_kv_local": "yes"}), FILE)
+
+
+def test_a_restart_fault_kills_then_starts_the_same_instance_after_down_s():
+    from types import SimpleNamespace
+    from testbed.scenario.faults import actions_for
+    from testbed.spec.faults import FaultSpec
+
+    calls, events = [], []
+    channel = SimpleNamespace(link="wan", id="wan", spec=SimpleNamespace(
+        rate_gbit=10.0, delay_ms=20.0, jitter_ms=0.0, loss=None))
+    net = SimpleNamespace(channels={"wan": channel}, events=SimpleNamespace(
+        record=lambda kind, **kw: events.append(kind)))
+    roles = SimpleNamespace(kill=lambda role, inst: calls.append(("kill", role, inst)),
+                            restart=lambda role, inst: calls.append(("restart", role, inst)))
+    fault = FaultSpec(0, 20.0, "restart", duration_s=10.0,
+                      params={"role": "main_decode", "instance": "md1"})
+    actions = actions_for(fault, net, roles)
+    assert [a.at_s for a in actions] == [20.0, 30.0]
+    for a in actions:
+        a.run()
+    assert calls == [("kill", "main_decode", "md1"), ("restart", "main_decode", "md1")]
+    assert events == ["fault_start", "fault_end"]
