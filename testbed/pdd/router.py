@@ -351,9 +351,9 @@ class RouterNode(RoleServer):
             return
         if role == Role.RELAY_DECODE and r.pipeline == Pipeline.P_RLD_MD:
             md = await self.peer_if_live(names[Role.MAIN_DECODE])
-            if r.rld_freed and md is not None:
-                return  # RLD had handed over: MD carries on
-            if md is not None and not r.recovered:
+            if md is not None and (r.rld_freed or r.recovered):
+                return  # RLD had handed over, or MD already has RLD's tokens: MD carries on
+            if md is not None:
                 r.recovered = True
                 await md.send(r.rid, Handoff(RECOVERY_BATCH, 0, tuple(r.rld_tokens), True))
                 return
