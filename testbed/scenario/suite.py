@@ -51,7 +51,7 @@ SUITE_JSON, SUITE_MD = "suite.json", "suite.md"
 # summary.json mode metrics copied into the suite (those a mode has).
 KEY_METRICS = ("requests_total", "requests_completed", "requests_failed", "requests_verified",
                "requests_mismatched", "tokens_lost", "tokens_duplicated", "ttft_p50_s",
-               "ttft_p90_s", "ttft_p99_s", "tpot_p50_ms", "e2e_p99_s", "goodput_rps",
+               "ttft_p90_s", "ttft_p99_s", "ttft_high_hit_p50_s", "tpot_p50_ms", "e2e_p99_s", "goodput_rps",
                "rld_token_share", "relayed_share")
 # What summary.json's "passed" needs of every mode besides the expectations
 # (report.summary.tokens_intact): each must be 0.

@@ -163,3 +163,21 @@ def test_relay_overhead_percentiles_are_over_completed_relayed_requests():
 def test_relay_overhead_is_null_when_nothing_was_relayed():
     m = mode_metrics([rec(1), rec(2, pipeline="cross-dc")], EVENTS, Sla(), 1.0)
     assert m["relay_overhead_p50_ms"] is None and m["relay_overhead_p90_ms"] is None
+
+
+def test_high_hit_ttft_p50_is_over_completed_requests_designed_at_least_90_pct():
+    def designed(rid, hit, ttft, status="completed"):
+        return dict(rec(rid, status=status), designed_hit_rate=hit, ttft_s=ttft)
+
+    records = [designed(1, 0.95, 0.2), designed(2, 0.9, 0.4), designed(3, 0.99, 0.3),
+               designed(4, 0.5, 9.0),                    # low hit: not in it
+               designed(5, 0.97, 7.0, status="failed"),  # not completed
+               dict(rec(6), ttft_s=8.0)]                 # no designed hit (a trace)
+    m = mode_metrics(records, EVENTS, Sla(), 1.0)
+    assert m["ttft_high_hit_p50_s"] == pytest.approx(0.3)
+    assert m["ttft_p50_s"] > m["ttft_high_hit_p50_s"]
+    assert metric_value(m, "ttft_high_hit_p50_s") == pytest.approx(0.3)  # usable in bounds
+
+
+def test_high_hit_ttft_is_null_for_a_workload_that_designs_no_hit():
+    assert mode_metrics([rec(1), rec(2)], EVENTS, Sla(), 1.0)["ttft_high_hit_p50_s"] is None

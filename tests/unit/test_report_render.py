@@ -21,8 +21,8 @@ CANNED = Path(__file__).parent / "fixtures" / "run-canned"
 TOP_KEYS = ["scenario", "backend", "scale", "modes", "comparisons", "expectations", "passed",
             "failures"]
 MODE_KEYS = ["requests_total", "requests_completed", "requests_failed", "tokens_lost",
-             "tokens_duplicated", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_p50_ms",
-             "e2e_p99_s", "goodput_rps", "handoff_stall_p99_ms", "relay_overhead_p50_ms",
+             "tokens_duplicated", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "ttft_high_hit_p50_s",
+             "tpot_p50_ms", "e2e_p99_s", "goodput_rps", "handoff_stall_p99_ms", "relay_overhead_p50_ms",
              "relay_overhead_p90_ms", "wan_bytes", "intra_dc_bytes",
              "rld_token_share", "relayed_share", "kv_prediction_error_p50",
              "kv_prediction_error_p90", "emulated"]
