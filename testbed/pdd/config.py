@@ -114,8 +114,9 @@ class MainConfig:
 
 @dataclass(frozen=True)
 class RouterConfig:
-    relay_threshold_s: float = _f(0.5, "pdd: p-rld-md when the predicted WAN KV time (prefill "
-                                  "end -> KV at MD) >= this", lo=0.0)
+    relay_threshold_s: float = _f(0.5, "pdd: relay (p-rld-md) when the predicted WAN KV time "
+                                  "(prefill end -> KV at MD, plus the margin) exceeds the "
+                                  "predicted local one (KV at RLD) by at least this", lo=0.0)
     relay_margin_quantile: float = _f(0.9, "pdd: the threshold test uses the prediction plus "
                                       "this quantile of recent near-threshold prediction "
                                       "errors (actual - predicted); 0: the prediction alone",
@@ -134,6 +135,9 @@ class RouterConfig:
                                "estimate before MD's first busy interval, and its ceiling",
                                lo=1e-9)
     wan_rtt_s: float = _f(0.1, "WAN round-trip time before the first probe", lo=0.0)
+    local_gbit: float = _f(100.0, "the local path P -> RLD's line rate, nominal Gbit/s (the "
+                           "slower of P's and RLD's host links): the router's local-path "
+                           "model (local_model)", lo=1e-9)
     wan_window_min_s: float = _f(0.5, "capacity = bytes / busy time of MD's busy intervals "
                                  "over max(this, wan_window_rtts x RTT)", lo=0.01)
     wan_window_rtts: float = _f(5.0, "capacity window in RTTs (see wan_window_min_s)", lo=0.0)

@@ -50,6 +50,7 @@ from testbed.pdd.protocol import (Cancel, Done, Error, ErrorCode, FinishReason, 
                                   Health, HealthAck, Report, Request, Role, Tokens)
 from testbed.pdd.routing import (InflightPrefixes, PrefixMirror, RldBudget, RouteInputs,
                                  choose_pipeline)
+from testbed.pdd.local_model import LocalPathModel
 from testbed.pdd.wan_model import WanModel
 from testbed.pdd.transport import ConnectionClosed, Transport
 
@@ -98,6 +99,7 @@ class RouterNode(RoleServer):
                             window_rtts=rc.wan_window_rtts, rtt_window_s=rc.rtt_window_s,
                             margin_band_s=2 * rc.relay_threshold_s,
                             margin_quantile=rc.relay_margin_quantile)
+        self.local = LocalPathModel(rc.local_gbit)
         self.rld_budget = RldBudget.of(cfg.timing.cost(Role.RELAY_DECODE), rc,
                                        cfg.model.max_context)
         self.rld_held: dict[str, int] = {}  # modeled KV tokens per RLD
@@ -225,13 +227,18 @@ class RouterNode(RoleServer):
         held = n * timing.token_scale + req.max_output_tokens
         room = ("no live RELAY_DECODE" if rld is None
                 else self.rld_budget.room(active, self.rld_held.get(rld, 0), held))
+        kv_token_bytes = timing.token_scale * timing.kv_bytes_per_token
+        local_start = p_start if cfg.prefill.layerwise_local else p_end
+        local_s = self.local.predict(now, n * kv_token_bytes, local_start, p_end,
+                                     min(n, cfg.prefill.kv_chunk_tokens) * kv_token_bytes)
         step = timing.cost(Role.RELAY_DECODE).decode_step_s(active + 1, (active + 1) * n)
         rld_decode_s = req.max_output_tokens * step * timing.time_scale
         margin = self.wan.margin_s()
         d = choose_pipeline(cfg.mode, cfg.router, timing,
                             RouteInputs(n, req.max_output_tokens, pred.wan_s, rld_decode_s, room,
                                         warmup=bool(req.metadata.get("warmup")),
-                                        wan_margin_s=margin, md_live=md is not None))
+                                        wan_margin_s=margin, md_live=md is not None,
+                                        local_s=local_s))
         involved = {Role.PREFILL}
         if d.pipeline != Pipeline.P_MD:
             involved.add(Role.RELAY_DECODE)
@@ -243,6 +250,7 @@ class RouterNode(RoleServer):
             self.p_free_at[p_name] = p_end
         if Role.RELAY_DECODE in involved:
             r.rld_tokens_held = held
+            self.local.commit(r.rid, n * kv_token_bytes, local_start)
         if Role.MAIN_DECODE in involved:
             self.wan.commit(r.rid, wan_bytes, start)
             self.md_inflight.add(md, r.rid, prompt, pred.arrival_s)
@@ -251,7 +259,10 @@ class RouterNode(RoleServer):
                 r.md_prompt = tuple(prompt)  # MD's DRC will insert it
         info = {"pipeline": d.pipeline.value, "reason": d.reason, "t_route": round(now, 6),
                 **pred.as_dict(), "wan_margin_s": round(margin, 6),
-                "wan_margin_samples": self.wan.n_errors, "predicted_prefill_end_s": round(p_end, 6),
+                "wan_margin_samples": self.wan.n_errors, "predicted_local_s": round(local_s, 6),
+                "local_backlog_bytes": int(self.local.backlog_bytes(now)),
+                "local_backlog_transfers": self.local.n_transfers,
+                "predicted_prefill_end_s": round(p_end, 6),
                 "inflight_shared_tokens": shared,
                 "predicted_prefill_s": round(prefill_s, 6), "wan_nominal_bytes": wan_bytes,
                 "router_hit_tokens": hit, "router_md_hit_tokens": md_hit,
@@ -300,6 +311,7 @@ class RouterNode(RoleServer):
             return
         if isinstance(msg, Tokens):
             if msg.producer == Role.RELAY_DECODE:
+                self.local.done(r.rid)  # RLD emits once P's KV_DONE reached it
                 r.rld_tokens[msg.start_position:] = msg.token_ids
             else:
                 r.md_emitted = True
@@ -325,6 +337,7 @@ class RouterNode(RoleServer):
         r.reports.add(msg.role)
         if msg.role == Role.RELAY_DECODE:
             r.rld_freed = True
+            self.local.done(r.rid)
             name = r.names[Role.RELAY_DECODE]
             self.rld_active[name] = max(0, self.rld_active.get(name, 0) - 1)
             self.rld_held[name] = max(0, self.rld_held.get(name, 0) - r.rld_tokens_held)
@@ -437,6 +450,7 @@ class RouterNode(RoleServer):
         """The old round of a re-served request: out of the id map and the WAN model."""
         self.requests.pop(r.rid, None)
         self.wan.forget(r.rid)
+        self.local.done(r.rid)
         self.md_inflight.remove(r.rid)
 
     async def on_peer_lost(self, peer: Peer) -> None:
@@ -501,6 +515,7 @@ class RouterNode(RoleServer):
     def _forget(self, r: Routed) -> None:
         self.requests.pop(r.rid, None)
         self.wan.forget(r.rid)
+        self.local.done(r.rid)
         self.md_inflight.remove(r.rid)
         self._by_client.pop((id(r.client), r.client_rid), None)
 

@@ -24,9 +24,13 @@ Rule, per mode:
   1. anomalous filter (when on): modeled prompt >= ``anomalous_min_input_tokens``
      and max output < ``anomalous_max_output_tokens`` -> ``rld-only``
      (``p-md`` if RLD has no room);
-  2. predicted WAN time (prefill end -> KV at MD) plus the margin
+  2. what relaying gains < ``relay_threshold_s`` -> ``p-md``. The gain is
+     the predicted WAN time (prefill end -> KV at MD) plus the margin
      (``wan_margin_s``: a high quantile of recent near-threshold prediction
-     errors, see ``wan_model``) < ``relay_threshold_s`` -> ``p-md``;
+     errors, see ``wan_model``) minus the predicted local time (prefill end
+     -> KV at RLD, ``local_s``, see ``local_model``: RLD has no prefix cache,
+     so the whole prompt crosses the local path, and a high-hit request's
+     local transfer takes as long as its WAN one);
   3. RLD has no room (batch or KV memory of ``RldBudget``, or
      ``rld_max_active``) -> ``p-md``: wait for the WAN rather than
      overload RLD (the collapse the paper excludes P->RLD to avoid);
@@ -68,6 +72,7 @@ class RouteInputs:
     warmup: bool = False  # a warm-up request (client metadata)
     wan_margin_s: float = 0.0  # what the threshold test adds to wan_s (WanModel.margin_s)
     md_live: bool = True  # a MAIN_DECODE instance is up
+    local_s: float = 0.0  # predicted prefill end -> KV complete at RLD (local_model)
 
 
 @dataclass(frozen=True)
@@ -124,9 +129,12 @@ def choose_pipeline(mode: Mode, cfg: RouterConfig, timing: TimingConfig,
         if guard and inp.rld_room is not None:
             return RouteDecision(Pipeline.P_MD, f"anomalous, but {inp.rld_room}")
         return RouteDecision(Pipeline.RLD_ONLY, "anomalous: long input, short output")
-    if inp.wan_s + inp.wan_margin_s < cfg.relay_threshold_s:
-        return RouteDecision(Pipeline.P_MD, f"short transfer ({inp.wan_s:.2f} s + margin "
-                                            f"{inp.wan_margin_s:.2f} s)")
+    gain = inp.wan_s + inp.wan_margin_s - inp.local_s
+    if gain < cfg.relay_threshold_s:
+        return RouteDecision(Pipeline.P_MD, f"short transfer: relaying gains {gain:.2f} s "
+                                            f"({inp.wan_s:.2f} s + margin "
+                                            f"{inp.wan_margin_s:.2f} s - local "
+                                            f"{inp.local_s:.2f} s)")
     if not guard:
         return RouteDecision(Pipeline.RLD_ONLY, "long transfer: decode on RLD")
     if inp.rld_room is not None:

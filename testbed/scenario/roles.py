@@ -65,10 +65,19 @@ def cluster_dict(net, mode_run, settings) -> dict:
                    "anomalous_min_input_tokens": pdd.anomalous_min_input_tokens,
                    "anomalous_max_output_tokens": pdd.anomalous_max_output_tokens,
                    "wan_prior_gbit": topo.wan.a_to_b.rate_gbit,
-                   "wan_rtt_s": topo.wan.rtt_ms / 1000.0},
+                   "wan_rtt_s": topo.wan.rtt_ms / 1000.0,
+                   "local_gbit": local_gbit(topo)},
         "client": {"request_timeout_s": pdd.request_timeout_s},
         **settings,
     }
+
+
+def local_gbit(topo) -> float:
+    """The local path P -> RLD's nominal rate: the slowest host link of a P or an RLD
+    host (100 Gbit/s, the router's default, if the topology has neither)."""
+    rates = [h.link.rate_gbit for h in topo.hosts
+             if TopoRole.PREFILL in h.roles or TopoRole.RELAY_DECODE in h.roles]
+    return min(rates) if rates else 100.0
 
 
 def write_workload(path: Path, workload) -> None:

@@ -126,3 +126,18 @@ def test_the_threshold_test_adds_the_margin_of_recent_prediction_errors():
     d = choose_pipeline(Mode.PDD, CFG, TIMING,
                         RouteInputs(16384, 100, 1.2, 1.5, None, wan_margin_s=0.5))
     assert d.pipeline == Pipeline.P_RLD_MD
+
+
+def test_relaying_must_gain_the_threshold_over_the_local_path():
+    """RLD has no prefix cache: a high-hit request's whole prompt crosses the local path.
+    1.0 s of WAN relays when the local path takes 0.1 s (gain 0.9 s), not when it takes
+    0.6 s (gain 0.4 s < 0.5 s); the margin counts on the WAN side only."""
+    fast = RouteInputs(16384, 1000, 1.0, 15.0, None, local_s=0.1)
+    assert choose_pipeline(Mode.PDD, CFG, TIMING, fast).pipeline == Pipeline.P_RLD_MD
+    slow = RouteInputs(16384, 1000, 1.0, 15.0, None, local_s=0.6)
+    d = choose_pipeline(Mode.PDD, CFG, TIMING, slow)
+    assert d.pipeline == Pipeline.P_MD and "gains 0.40 s" in d.reason
+    margin = RouteInputs(16384, 1000, 1.0, 15.0, None, local_s=0.6, wan_margin_s=0.2)
+    assert choose_pipeline(Mode.PDD, CFG, TIMING, margin).pipeline == Pipeline.P_RLD_MD
+    # p-rld (steps 1-2, then rld-only) weighs the local path too
+    assert choose_pipeline(Mode.P_RLD, CFG, TIMING, slow).pipeline == Pipeline.P_MD
