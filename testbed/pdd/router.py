@@ -98,7 +98,9 @@ class RouterNode(RoleServer):
         self.wan = WanModel(rc.wan_prior_gbit, rc.wan_rtt_s, window_min_s=rc.wan_window_min_s,
                             window_rtts=rc.wan_window_rtts, rtt_window_s=rc.rtt_window_s,
                             margin_band_s=2 * rc.relay_threshold_s,
-                            margin_quantile=rc.relay_margin_quantile)
+                            margin_quantile=rc.relay_margin_quantile,
+                            quantum_bytes=cfg.prefill.kv_chunk_tokens * cfg.timing.token_scale
+                            * cfg.timing.kv_bytes_per_token)
         self.local = LocalPathModel(rc.local_gbit)
         self.rld_budget = RldBudget.of(cfg.timing.cost(Role.RELAY_DECODE), rc,
                                        cfg.model.max_context)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from testbed.pdd.wan_model import WanModel, ps_finish_s
+from testbed.pdd.wan_model import WanModel, ps_finish_s, rr_finish_s
 
 GB = 1e9
 
@@ -219,3 +219,29 @@ def test_margin_forgets_old_errors_and_can_be_off():
     assert off.margin_s() == 0.0
     with pytest.raises(ValueError):
         model(margin_quantile=1.5)
+
+
+@pytest.mark.parametrize("others, mine, quantum, expected", [
+    ([(0, 10), (0, 10)], (0, 1), 4, 9.0),     # one quantum of each ahead, then mine
+    ([(0, 10), (0, 10)], (0, 1), 0, 3.0),     # quantum 0: the fluid limit
+    ([], (0, 10), 4, 10.0),                   # alone: bytes / rate
+    ([(0, 2)], (0, 10), 4, 12.0),             # a short one ahead delays it by its size
+    ([(0, 10)], (5, 4), 4, 12.0),             # joins at 5, goes after the quantum in progress
+    ([(20, 10)], (0, 10), 4, 10.0),           # starts after mine is done
+])
+def test_round_robin_with_a_quantum(others, mine, quantum, expected):
+    assert rr_finish_s(others, mine, 1.0, 0.0, quantum) == pytest.approx(expected)
+
+
+def test_a_short_transfer_waits_a_chunk_of_each_transfer_ahead():
+    """A 16-token suffix behind five 1,000-token transfers (64-token chunks, 10 Gbit/s,
+    token_scale 32 x 50 KB): five chunks ahead of it, not five times its own size."""
+    tok = 32 * 50_000
+    wan = model(quantum_bytes=64 * tok)
+    for rid in range(5):
+        wan.commit(rid, 1000 * tok, start_s=0.0)
+    rate = 10e9 / 8
+    got = wan.predict(0.0, 16 * tok, 0.0).wan_s - 1.5 * 0.04
+    assert got == pytest.approx((5 * 64 + 16) * tok / rate)
+    fluid = model().predict(0.0, 16 * tok, 0.0)
+    assert fluid.wan_s < got / 3
