@@ -23,72 +23,23 @@ from pathlib import Path
 
 from testbed.errors import EmulationError
 from testbed.net.registry import stop_process
-from testbed.spec.topology import Role as TopoRole
+from testbed.scenario.cluster_config import (BASE_PORT, RUN_MODEL,  # noqa: F401
+                                             cluster_dict_for, workload_lines)
 
-BASE_PORT = 7100
 READY_TIMEOUT_S = 60.0
-_ROLES = {TopoRole.PREFILL: "prefill", TopoRole.RELAY_DECODE: "relay_decode",
-          TopoRole.MAIN_DECODE: "main_decode", TopoRole.ROUTER: "router",
-          TopoRole.CLIENT: "client"}
 _START_ORDER = ("prefill", "relay_decode", "main_decode", "router")
-# The tiny model the roles run in a scenario: small enough that real compute
-# stays below the modeled step times on 2 cores (float64: exact tokens).
-RUN_MODEL = {"n_layer": 2, "n_head": 2, "d_model": 64}
 
 
 def cluster_dict(net, mode_run, settings) -> dict:
-    """The cluster config (plain data, validated by testbed.pdd.config)."""
-    topo = net.plan.topology
-    instances = []
-    for i, host in enumerate(topo.hosts):
-        for role in host.roles:
-            if role in _ROLES:
-                name = host.name if role is not TopoRole.CLIENT or \
-                    TopoRole.ROUTER not in host.roles else f"{host.name}c"
-                instances.append({"name": name, "role": _ROLES[role], "host": host.ip,
-                                  "port": 0 if role is TopoRole.CLIENT else BASE_PORT + i,
-                                  "dc": "A" if host.dc == topo.datacenters[0].name else "B"})
-    pdd = mode_run.pdd
-    ts = pdd.token_scale
-    return {
-        "instances": instances,
-        "mode": mode_run.mode.value,
-        "model": dict(RUN_MODEL),
-        "timing": {"time_scale": pdd.time_scale, "kv_scale_k": net.plan.scale,
-                   "kv_bytes_per_token": pdd.kv_bytes_per_token, "token_scale": ts},
-        "relay": {"handoff_mode": pdd.handoff_mode.value,
-                  "catchup_threshold": pdd.catchup_threshold_tokens},
-        "router": {"relay_threshold_s": pdd.relay_threshold_s,
-                   "relay_margin_quantile": pdd.relay_margin_quantile,
-                   "anomalous_filter": pdd.anomalous_filter,
-                   "late_kv_local": pdd.late_kv_local,
-                   "anomalous_min_input_tokens": pdd.anomalous_min_input_tokens,
-                   "anomalous_max_output_tokens": pdd.anomalous_max_output_tokens,
-                   "wan_prior_gbit": topo.wan.a_to_b.rate_gbit,
-                   "wan_rtt_s": topo.wan.rtt_ms / 1000.0,
-                   "local_gbit": local_gbit(topo)},
-        "client": {"request_timeout_s": pdd.request_timeout_s},
-        **settings,
-    }
-
-
-def local_gbit(topo) -> float:
-    """The local path P -> RLD's nominal rate: the slowest host link of a P or an RLD
-    host (100 Gbit/s, the router's default, if the topology has neither)."""
-    rates = [h.link.rate_gbit for h in topo.hosts
-             if TopoRole.PREFILL in h.roles or TopoRole.RELAY_DECODE in h.roles]
-    return min(rates) if rates else 100.0
+    """The cluster config (plain data, validated by testbed.pdd.config): every
+    instance at its host's IP (``testbed.scenario.cluster_config``)."""
+    return cluster_dict_for(net.plan.topology, net.plan.scale, mode_run, settings)
 
 
 def write_workload(path: Path, workload) -> None:
     """The client's workload.jsonl: warm-up requests (``"warmup": true``), then the rest."""
     with path.open("w") as fh:
-        for r in workload.warmup + workload.requests:
-            line = {"id": r.id, "arrival_s": r.arrival_s, "prompt": list(r.prompt),
-                    "max_out": r.output_len, "session": r.session,
-                    "designed_hit_rate": r.designed_hit_rate}
-            if r.warmup:
-                line["warmup"] = True
+        for line in workload_lines(workload):
             fh.write(json.dumps(line) + "\n")
 
 

@@ -32,7 +32,8 @@ def small_config(mode: str = "pdd", handoff_mode: str = "catch-up", **sections) 
         "relay": {"handoff_mode": handoff_mode, "catchup_threshold": 16},
         # predicted WAN time = bytes / rate + 1.5 RTT (REQUEST, KV_NEED, last chunk) + the
         # learned overhead (~10-20 ms here): 128 missing tokens: 64 + 150 ms >= 190 ms ->
-        # relay; 10 or 20 missing (+ sharing with a backlog: <= 30 ms) -> p-md
+        # relay; 10 or 20 missing with nothing ahead -> p-md (behind a 64-token chunk of each
+        # transfer under way it would wait ~80 ms per chunk: wan_model.rr_finish_s)
         "router": {"relay_threshold_s": 0.19, "wan_prior_gbit": 0.8, "wan_rtt_s": 0.1,
                    "anomalous_min_input_tokens": 140},
         "client": {"request_timeout_s": 20.0, "report_grace_s": 1.0},
@@ -62,7 +63,7 @@ def workload(seed: int = 1) -> list[ClientRequest]:
         ClientRequest(1, 0.05, fresh(110), 100, "s2"),  # low hit: relay
         ClientRequest(2, 0.70, base + fresh(10), 60, "s1"),  # next turn: 93% hit at P and MD
         ClientRequest(3, 0.10, fresh(150), 40, "s3"),  # long input, short output: anomalous
-        ClientRequest(4, 0.20, fresh(20), 30, "s4"),  # short: p-md
+        ClientRequest(4, 0.90, fresh(20), 30, "s4"),  # short, nothing ahead on the WAN: p-md
     ]
 
 
