@@ -85,21 +85,26 @@ def _verify(mode_out: Path) -> dict:
 
 
 def collect(export_dir: Path, out: Path) -> dict:
-    """Build run directory ``out`` from ``export_dir``; returns {mode: verify result}."""
+    """Build run directory ``out`` from ``export_dir``; returns {mode: verify result} for
+    the modes whose results were copied (a mode not run yet is left out of the run
+    directory; none at all is an error naming where the results go)."""
     summary = _read_json(export_dir / "export.json")
     meta = _read_json(export_dir / "metadata.json")
+    modes = [m for m in summary["modes"]
+             if (export_dir / m["name"] / "results" / "requests.jsonl").is_file()]
+    if not modes:
+        m = summary["modes"][0]
+        raise CollectError(f"{export_dir / m['name'] / 'results' / 'requests.jsonl'}: missing "
+                           f"(no mode has results); copy the client's results first: kubectl "
+                           f"cp {m['namespace']}/POD:/results {export_dir / m['name'] / 'results'}")
     out.mkdir(parents=True, exist_ok=True)
-    meta = dict(meta, collected_wall=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                collected_from=str(export_dir))
+    meta = dict(meta, modes=[m["name"] for m in modes], collected_from=str(export_dir),
+                collected_wall=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     (out / "metadata.json").write_text(json.dumps(meta, indent=1) + "\n")
     verified = {}
-    for mode in summary["modes"]:
+    for mode in modes:
         src, dst = export_dir / mode["name"], out / mode["name"]
         results = src / "results"
-        if not (results / "requests.jsonl").is_file():
-            raise CollectError(f"{results / 'requests.jsonl'}: missing; copy the client's "
-                               f"results first: kubectl cp {mode['namespace']}/POD:/results "
-                               f"{results}")
         dst.mkdir(parents=True, exist_ok=True)
         for name in ("requests.jsonl", "warmup.jsonl", "client.json"):
             if (results / name).is_file():

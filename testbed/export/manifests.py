@@ -38,6 +38,7 @@ ROLE_LABEL = "testbed.io/role"
 MODE_LABEL = "testbed.io/mode"
 CONFIGMAP_MAX_BYTES = 1_000_000  # the API server stores at most 1 MiB per object
 ROLE_CPU, ROLE_MEMORY = "1", "2Gi"  # the tiny model on CPU; torch needs ~1 GiB
+IMAGE_UID = 10001  # the Containerfile's user; fsGroup makes /results writable for it
 
 
 @dataclass(frozen=True)
@@ -85,8 +86,10 @@ def _container(plan: PodPlan, name: str, command: list[str], resources: dict,
 def _pod_spec(plan: PodPlan, dc: str, containers: list[dict], volumes: list[dict],
               restart: str = "Always") -> dict:
     return {"affinity": _affinity(plan, dc), "restartPolicy": restart,
-            "terminationGracePeriodSeconds": 5, "containers": containers,
-            "volumes": volumes}
+            "terminationGracePeriodSeconds": 5,
+            "securityContext": {"runAsNonRoot": True, "runAsUser": IMAGE_UID,
+                                "fsGroup": IMAGE_UID},
+            "containers": containers, "volumes": volumes}
 
 
 def namespace(plan: PodPlan) -> dict:
