@@ -17,6 +17,10 @@
   ends it sooner). Exit 0, or 1 when the warm-up or the replay failed.
 - ``trigger --port P -- ARGV``: ``POST /start`` runs ARGV once (the
   Workflow starts an iperf3 client this way); exits with its exit code.
+- ``exec -- ARGV``: becomes ARGV (the iperf3 server).
+
+The image's ENTRYPOINT is this module (Containerfile), so pods pass only
+``args`` (testbed.export.manifests says why).
 """
 
 from __future__ import annotations
@@ -164,6 +168,11 @@ def cmd_trigger(args) -> int:
     return subprocess.run(args.argv, check=False).returncode
 
 
+def cmd_exec(args) -> int:
+    os.execvp(args.argv[0], args.argv)
+    return 1  # not reached
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m testbed.export.inpod",
                                  description=__doc__.splitlines()[0])
@@ -184,6 +193,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, default=8081)
     p.add_argument("argv", nargs="+")
     p.set_defaults(func=cmd_trigger)
+    p = sub.add_parser("exec")
+    p.add_argument("argv", nargs="+")
+    p.set_defaults(func=cmd_exec)
     args = ap.parse_args(argv)
     return args.func(args)
 

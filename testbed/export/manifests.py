@@ -72,10 +72,14 @@ def _config_volume() -> dict:
     return {"name": "config", "configMap": {"name": "testbed-config"}}
 
 
-def _container(plan: PodPlan, name: str, command: list[str], resources: dict,
+def _container(plan: PodPlan, name: str, args: list[str], resources: dict,
                ports: list[int] = (), mounts: list[dict] = ()) -> dict:
+    """A container of the testbed image. Only ``args``: the image's ENTRYPOINT is
+    ``python -m testbed.export.inpod``. A ``command`` would break Chaos Mesh's
+    pod-failure, which swaps the image for ``pause``: pause cannot run our command,
+    the container crash-loops, and the back-off delays its restart after recovery."""
     c = {"name": name, "image": plan.image, "imagePullPolicy": "IfNotPresent",
-         "command": command, "resources": resources}
+         "args": args, "resources": resources}
     if ports:
         c["ports"] = [{"containerPort": p, "protocol": "TCP"} for p in ports]
     if mounts:
@@ -140,8 +144,7 @@ def role_deployment(plan: PodPlan, inst: dict, dc: str) -> dict:
     name, role = inst["name"], Role[inst["role"].upper()]
     labels = pod_labels(dc, inst["role"], name)
     resources, chip = _role_resources(plan, role)
-    c = _container(plan, "role", ["python", "-m", "testbed.export.inpod", "role",
-                                  f"{CONFIG_DIR}/cluster.json", name], resources,
+    c = _container(plan, "role", ["role", f"{CONFIG_DIR}/cluster.json", name], resources,
                    [inst["port"]], [{"name": "config", "mountPath": CONFIG_DIR}])
     c["readinessProbe"] = {"tcpSocket": {"port": inst["port"]}, "periodSeconds": 2}
     template = {"metadata": {"labels": {**labels, MODE_LABEL: plan.mode}, "annotations": chip},
@@ -170,7 +173,7 @@ def client_job(plan: PodPlan, inst: dict, dc: str, linger_s: int) -> dict:
     the measured workload on ``POST /start``, writes ``/results``, lingers for copying."""
     name = inst["name"]
     labels = pod_labels(dc, "client", name)
-    cmd = ["python", "-m", "testbed.export.inpod", "client", f"{CONFIG_DIR}/cluster.json", name,
+    cmd = ["client", f"{CONFIG_DIR}/cluster.json", name,
            "--workload", f"{CONFIG_DIR}/workload.jsonl", "--results", RESULTS_DIR,
            "--port", str(CLIENT_PORT), "--linger-s", str(linger_s)]
     c = _container(plan, "client", cmd, {"requests": {"cpu": ROLE_CPU, "memory": ROLE_MEMORY}},
@@ -183,7 +186,7 @@ def client_job(plan: PodPlan, inst: dict, dc: str, linger_s: int) -> dict:
 
 def iperf_server(plan: PodPlan, name: str, dc: str) -> dict:
     labels = pod_labels(dc, "cross_traffic", name)
-    c = _container(plan, "iperf3", ["iperf3", "-s", "-p", str(IPERF_PORT)],
+    c = _container(plan, "iperf3", ["exec", "--", "iperf3", "-s", "-p", str(IPERF_PORT)],
                    {"requests": {"cpu": "500m", "memory": "128Mi"}}, [IPERF_PORT])
     return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta(name, plan, labels),
             "spec": {"replicas": 1, "selector": {"matchLabels": {INSTANCE_LABEL: name}},
@@ -195,7 +198,7 @@ def iperf_client(plan: PodPlan, name: str, dc: str, server_dns: str, flows: int,
                  duration_s: float) -> dict:
     """An iperf3 client (the sender) that waits for ``POST /start`` on the trigger port."""
     labels = pod_labels(dc, "cross_traffic", name)
-    cmd = ["python", "-m", "testbed.export.inpod", "trigger", "--port", str(TRIGGER_PORT), "--",
+    cmd = ["trigger", "--port", str(TRIGGER_PORT), "--",
            "iperf3", "-c", server_dns, "-p", str(IPERF_PORT), "-P", str(flows),
            "-t", str(max(1, round(duration_s)))]
     c = _container(plan, "iperf3", cmd, {"requests": {"cpu": "500m", "memory": "256Mi"}},

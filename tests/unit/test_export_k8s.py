@@ -130,6 +130,10 @@ def test_pods_are_placed_and_labelled_by_datacenter():
     assert pods["p1"]["metadata"]["annotations"]["testbed.io/chip"] == "GPU-A"
     assert md["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "4"}
     assert "limits" not in pods["router"]["spec"]["containers"][0]["resources"]
+    # only args: pod-failure swaps the image for pause, which could not run a command
+    assert all("command" not in c and c["args"] for t in pods.values()
+               for c in t["spec"]["containers"])
+    assert pods["md1"]["spec"]["containers"][0]["args"][:1] == ["role"]
 
 
 def test_export_json_lists_modes_files_and_notes():
