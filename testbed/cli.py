@@ -17,7 +17,7 @@ from testbed.errors import SpecError, TestbedError
 
 DEFAULT_TOPOLOGY = "topologies/two-dc.yaml"
 DEFAULT_IMAGE = "localhost/pdd-testbed:0.1.0"  # testbed.export.build.DEFAULT_IMAGE
-DEFAULT_DC_NODE_LABEL = "testbed.io/datacenter"
+DEFAULT_DC_NODE_LABEL = "pdd-testbed/datacenter"
 
 
 def _backend(value: str):

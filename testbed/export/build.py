@@ -30,7 +30,7 @@ from testbed.spec.scenario import ModeRun, Scenario
 from testbed.spec.topology import Role as TopoRole
 
 DEFAULT_IMAGE = "localhost/pdd-testbed:0.1.0"
-DEFAULT_DC_NODE_LABEL = "testbed.io/datacenter"
+DEFAULT_DC_NODE_LABEL = "pdd-testbed/datacenter"
 NETEM_DEFAULT_LIMIT_PKTS = 1000  # netem's queue when nothing sets "limit"
 _DNS_LABEL = re.compile(r"[^a-z0-9-]+")
 

@@ -20,7 +20,7 @@ Workflow (chaos-mesh.org/v1alpha1). Its entry is a Serial of:
      partition NetworkChaos, a PodChaos ``pod-failure`` or a StatusCheck
      ``POST /start`` to an iperf3 client pod, with its deadline.
 
-Pods are selected by label (``testbed.io/dc``, ``testbed.io/instance``) in
+Pods are selected by label (``pdd-testbed/dc``, ``pdd-testbed/instance``) in
 the mode's namespace, Running pods only; the WAN selects every pod of a DC
 (roles, client, iperf3). Chaos Mesh resolves selectors when it injects, so
 the WAN segments are injected after ``wait-ready``, when the pods run.
@@ -35,8 +35,8 @@ from testbed.export.timeline import Direction, Step, Timeline, WanSegment
 from testbed.export.units import delay_string, pct_string, rate_string, seconds_string
 
 API = "chaos-mesh.org/v1alpha1"
-DC_LABEL = "testbed.io/dc"
-INSTANCE_LABEL = "testbed.io/instance"
+DC_LABEL = "pdd-testbed/dc"
+INSTANCE_LABEL = "pdd-testbed/instance"
 CLIENT_PORT = 8080
 TRIGGER_PORT = 8081
 READY_WAIT_S = 3600  # how long wait-ready polls (1 s apart) before the workflow fails

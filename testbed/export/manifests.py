@@ -17,8 +17,8 @@ namespace ``tb-{scenario}-{mode}`` (a DNS-1123 label of at most 63 chars):
   DC's cross-traffic host and an iperf3 client Job in the sending DC's,
   started by the Workflow through the client Job's trigger port.
 
-Every pod carries ``testbed.io/dc`` (the topology's datacenter name),
-``testbed.io/role`` and ``testbed.io/instance``, and is placed by a
+Every pod carries ``pdd-testbed/dc`` (the topology's datacenter name),
+``pdd-testbed/role`` and ``pdd-testbed/instance``, and is placed by a
 required node affinity on nodes labelled ``{dc_node_label}={dc}``.
 """
 
@@ -34,8 +34,8 @@ from testbed.pdd.wire import Role
 CONFIG_DIR = "/etc/testbed"
 RESULTS_DIR = "/results"
 IPERF_PORT = 5201
-ROLE_LABEL = "testbed.io/role"
-MODE_LABEL = "testbed.io/mode"
+ROLE_LABEL = "pdd-testbed/role"
+MODE_LABEL = "pdd-testbed/mode"
 CONFIGMAP_MAX_BYTES = 1_000_000  # the API server stores at most 1 MiB per object
 ROLE_CPU, ROLE_MEMORY = "1", "2Gi"  # the tiny model on CPU; torch needs ~1 GiB
 IMAGE_UID = 10001  # the Containerfile's user; fsGroup makes /results writable for it
@@ -132,7 +132,7 @@ def _role_resources(plan: PodPlan, role: Role) -> tuple[dict, dict]:
     notes = {}
     if role in (Role.PREFILL, Role.RELAY_DECODE, Role.MAIN_DECODE):
         chip = timing.cost(role).chip
-        notes = {"testbed.io/chip": chip.name, "testbed.io/chips": str(timing.n_chips)}
+        notes = {"pdd-testbed/chip": chip.name, "pdd-testbed/chips": str(timing.n_chips)}
         if plan.accelerator:
             res = {"requests": {**req, plan.accelerator: str(timing.n_chips)},
                    "limits": {plan.accelerator: str(timing.n_chips)}}

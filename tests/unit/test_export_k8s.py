@@ -117,7 +117,7 @@ def test_pods_are_placed_and_labelled_by_datacenter():
     mode = build_export(sc, opts).modes[0]
     pods = {o["metadata"]["name"]: o["spec"]["template"] for _, objs in mode.files for o in objs
             if o["kind"] in ("Deployment", "Job")}
-    dc = {n: t["metadata"]["labels"]["testbed.io/dc"] for n, t in pods.items()}
+    dc = {n: t["metadata"]["labels"]["pdd-testbed/dc"] for n, t in pods.items()}
     assert dc == {"p1": "a", "rld1": "a", "router": "a", "md1": "b", "client": "a",
                   "xb1-f0": "b", "xa1-f0": "a"}  # congestion a>b: sender in A, server in B
     for name, t in pods.items():
@@ -126,8 +126,8 @@ def test_pods_are_placed_and_labelled_by_datacenter():
         assert term["matchExpressions"] == [{"key": "example.com/dc", "operator": "In",
                                              "values": [dc[name]]}]
     md = pods["md1"]
-    assert md["metadata"]["annotations"]["testbed.io/chip"] == "GPU-B"
-    assert pods["p1"]["metadata"]["annotations"]["testbed.io/chip"] == "GPU-A"
+    assert md["metadata"]["annotations"]["pdd-testbed/chip"] == "GPU-B"
+    assert pods["p1"]["metadata"]["annotations"]["pdd-testbed/chip"] == "GPU-A"
     assert md["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "4"}
     assert "limits" not in pods["router"]["spec"]["containers"][0]["resources"]
     # only args: pod-failure swaps the image for pause, which could not run a command

@@ -144,7 +144,7 @@ def test_workflow_orders_wait_then_timeline_and_offsets_by_settle():
     assert t["f0-wait"]["deadline"] == "25s"                    # settle + at_s
     assert t["f0-pod-failure"]["deadline"] == "10s"
     assert t["f0-pod-failure"]["podChaos"]["selector"]["labelSelectors"] == {
-        "testbed.io/instance": "md1"}
+        "pdd-testbed/instance": "md1"}
 
 
 def test_an_asymmetric_segment_is_two_one_way_netem_objects():
@@ -155,8 +155,8 @@ def test_an_asymmetric_segment_is_two_one_way_netem_objects():
          ["templates"]}
     assert t["wan-0"]["templateType"] == "Parallel"
     ab, ba = t["wan-0-ab"]["networkChaos"], t["wan-0-ba"]["networkChaos"]
-    assert (ab["direction"], ab["selector"]["labelSelectors"]) == ("to", {"testbed.io/dc": "a"})
-    assert (ba["direction"], ba["selector"]["labelSelectors"]) == ("to", {"testbed.io/dc": "b"})
+    assert (ab["direction"], ab["selector"]["labelSelectors"]) == ("to", {"pdd-testbed/dc": "a"})
+    assert (ba["direction"], ba["selector"]["labelSelectors"]) == ("to", {"pdd-testbed/dc": "b"})
     assert ab["delay"]["latency"] == "20ms" and ab["loss"]["loss"] == "1"
     assert ba["delay"]["latency"] == "500us" and "loss" not in ba and ba["rate"]["rate"] == "5gbit"
 
