@@ -32,6 +32,7 @@ from testbed.spec.topology import Role as TopoRole
 DEFAULT_IMAGE = "localhost/pdd-testbed:0.1.0"
 DEFAULT_DC_NODE_LABEL = "pdd-testbed/datacenter"
 NETEM_DEFAULT_LIMIT_PKTS = 1000  # netem's queue when nothing sets "limit"
+GSO_BYTES = 65536  # the largest GSO/TSO packet a qdisc sees
 _DNS_LABEL = re.compile(r"[^a-z0-9-]+")
 
 
@@ -144,15 +145,27 @@ def build_mode(sc: Scenario, mode: ModeRun, opts: ExportOptions) -> ModeExport:
     return ModeExport(mode.name, ns, tuple(files), tl, cluster)
 
 
+def _queue_notes(wan) -> list[str]:
+    """What netem's default queue (1000 packets; NetworkChaos cannot set it) holds against
+    what one WAN direction has in flight (rate x one-way delay)."""
+    out = []
+    for what, d in (("a>b", wan.a_to_b), ("b>a", wan.b_to_a)):
+        in_flight = round(d.rate_gbit * 1e9 / 8 * d.delay_ms / 1000)
+        mtu, gso = -(-in_flight // MTU_BYTES), -(-in_flight // GSO_BYTES)
+        if mtu <= NETEM_DEFAULT_LIMIT_PKTS:
+            continue
+        enough = "not enough even" if gso > NETEM_DEFAULT_LIMIT_PKTS else "enough only"
+        out.append(f"netem queue, WAN {what}: {in_flight} bytes in flight (rate x one-way "
+                   f"delay) are {mtu} MTU packets or {gso} 64 KB GSO packets; NetworkChaos "
+                   f"leaves netem's limit at {NETEM_DEFAULT_LIMIT_PKTS} packets: {enough} "
+                   "with GSO/TSO-sized packets")
+    return out
+
+
 def build_export(sc: Scenario, opts: ExportOptions = ExportOptions()) -> Export:
     modes = tuple(build_mode(sc, m, opts) for m in sc.modes)
     wan = sc.topology.wan
     bdp = bdp_bytes(max(wan.a_to_b.rate_gbit, wan.b_to_a.rate_gbit), wan.rtt_ms)
     notes = list(dict.fromkeys(n for m in modes for n in m.timeline.notes))
-    one_way = bdp // 2
-    if one_way > NETEM_DEFAULT_LIMIT_PKTS * MTU_BYTES:
-        notes.append(f"netem queue: one direction holds rate x one-way delay = {one_way} bytes "
-                     f"({-(-one_way // MTU_BYTES)} MTU packets) in flight; NetworkChaos leaves "
-                     f"netem's limit at {NETEM_DEFAULT_LIMIT_PKTS} packets, enough only with "
-                     "TSO/GSO (64 KB) packets")
+    notes += _queue_notes(wan)
     return Export(sc.name, modes, tuple(notes), bdp)
