@@ -159,3 +159,18 @@ def test_a_fault_on_another_link_is_a_plan_error(tmp_path):
 def test_cli_defaults_match_the_exporter():
     p = cli.build_parser().parse_args(["export", "k8s", "x.yaml", "--out", "d"])
     assert (p.image, p.dc_node_label) == (DEFAULT_IMAGE, DEFAULT_DC_NODE_LABEL)
+
+
+def test_cli_export_writes_the_folders_and_bad_input_exits_2(tmp_path, capsys):
+    assert cli.main(["export", "k8s", str(ROOT / "scenarios" / "kill-rld.yaml"),
+                     "--out", str(tmp_path / "k")]) == 0
+    out = capsys.readouterr().out
+    assert "kubectl apply --server-side -f" in out and "tb-kill-rld-pdd" in out
+    assert sorted(p.name for p in (tmp_path / "k" / "pdd").iterdir()) == [
+        "00-namespace.yaml", "10-config.yaml", "20-roles.yaml", "40-client.yaml",
+        "50-workflow.yaml"]
+    assert cli.main(["export", "k8s", str(ROOT / "topologies" / "two-dc.yaml"),
+                     "--out", str(tmp_path / "bad")]) == 2
+    assert "invalid input" in capsys.readouterr().err
+    assert cli.main(["collect", str(tmp_path / "k"), "--out", str(tmp_path / "run")]) == 2
+    assert "kubectl cp" in capsys.readouterr().err
