@@ -15,7 +15,7 @@ namespace ``tb-{scenario}-{mode}`` (a DNS-1123 label of at most 63 chars):
   headless Service for its control port (``/ready``, ``/start``);
 - per ``congestion`` fault: an iperf3 server Deployment in the receiving
   DC's cross-traffic host and an iperf3 client Job in the sending DC's,
-  started by the Workflow through the client Job's trigger port.
+  started by the Workflow through that pod's trigger port (``inpod trigger``).
 
 Every pod carries ``pdd-testbed/dc`` (the topology's datacenter name),
 ``pdd-testbed/role`` and ``pdd-testbed/instance``, and is placed by a
