@@ -2,12 +2,16 @@
 
 - ``role CONFIG NAME``: waits until the instance's own Service name
   resolves (a headless Service publishes the pod's IP, which the role binds
-  to), then becomes ``python -m testbed.pdd.node CONFIG NAME`` (exec, so
-  the pod's signals reach it). The role itself is unchanged.
+  to), then runs ``python -m testbed.pdd.node CONFIG NAME`` unchanged, as
+  its child: SIGTERM/SIGINT are passed on, its exit code is ours, and once
+  it prints ``ready`` (the router: after connecting to every P, RLD and
+  MD) ``GET /ready`` on ``--health-port`` answers 200 (the pod's
+  readinessProbe, and what the client waits for).
 - ``client CONFIG NAME --workload FILE --results DIR``: the client Job.
   Lifecycle: serve HTTP on ``--port`` (``GET /ready``: 503, later 200;
   ``POST /start``: 200 once ready, starts the replay once); wait until
-  every server instance accepts TCP; replay the warm-up requests (records
+  every server role is ready (``--wait http``: its ``/ready``; ``tcp``: its
+  port accepts, for roles started otherwise, e.g. on loopback); replay the warm-up requests (records
   in ``DIR/warmup.jsonl``); answer ready; on the Workflow's ``POST /start``
   replay the measured requests with the same client code the single
   machine runs (``testbed.pdd.node.run_client``) into
@@ -29,16 +33,19 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 RESOLVE_TIMEOUT_S = 300.0
 ROLES_TIMEOUT_S = 1800.0
+HEALTH_PORT = 8090
 
 
 class Gate:
@@ -95,26 +102,56 @@ def wait_resolvable(host: str, timeout_s: float = RESOLVE_TIMEOUT_S) -> None:
 
 def wait_listening(addresses: list[tuple[str, int]], timeout_s: float = ROLES_TIMEOUT_S) -> None:
     """Until a TCP connection to every (host, port) succeeds."""
+    _wait_each(addresses, lambda h, p: socket.create_connection((h, p), timeout=2.0).close(),
+               timeout_s)
+
+
+def wait_healthy(hosts: list[str], port: int = HEALTH_PORT,
+                 timeout_s: float = ROLES_TIMEOUT_S) -> None:
+    """Until ``GET http://host:port/ready`` answers 200 for every host."""
+    def check(host: str, p: int) -> None:
+        with urllib.request.urlopen(f"http://{host}:{p}/ready", timeout=2.0) as r:
+            if r.status != 200:
+                raise OSError(f"status {r.status}")
+
+    _wait_each([(h, port) for h in hosts], check, timeout_s)
+
+
+def _wait_each(targets, check, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
-    for host, port in addresses:
+    for host, port in targets:
         while True:
             try:
-                socket.create_connection((host, port), timeout=2.0).close()
+                check(host, port)
                 break
-            except OSError:
+            except OSError:  # refused, unresolvable, 503 (urllib's HTTPError is an OSError)
                 if time.monotonic() > deadline:
-                    raise SystemExit(f"error: {host}:{port} not listening after {timeout_s:g} s")
+                    raise SystemExit(f"error: {host}:{port} not ready after {timeout_s:g} s")
                 time.sleep(1.0)
+
+
+def run_gated(argv: list[str], health_port: int) -> int:
+    """Run ``argv``; ``/ready`` on ``health_port`` answers 200 once it prints ``ready``.
+    SIGTERM and SIGINT are passed on; returns its exit code."""
+    gate = Gate()
+    serve_gate(gate, health_port)
+    child = subprocess.Popen(argv, stdout=subprocess.PIPE)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda s, _frame: child.send_signal(s))
+    for line in child.stdout:
+        sys.stdout.buffer.write(line)
+        sys.stdout.flush()
+        if line.strip() == b"ready":
+            gate.ready.set()
+    return child.wait()
 
 
 def cmd_role(args) -> int:
     from testbed.pdd.config import load_config
 
     wait_resolvable(load_config(args.config).instance(args.name).host)
-    argv = [sys.executable, "-m", "testbed.pdd.node", args.config, args.name,
-            "--log-level", "INFO"]
-    os.execv(sys.executable, argv)
-    return 1  # not reached
+    return run_gated([sys.executable, "-m", "testbed.pdd.node", args.config, args.name,
+                      "--log-level", "INFO"], args.health_port)
 
 
 def _split_workload(path: str, results: Path) -> tuple[Path | None, Path]:
@@ -139,7 +176,11 @@ def cmd_client(args) -> int:
     results.mkdir(parents=True, exist_ok=True)
     gate = Gate()
     serve_gate(gate, args.port)
-    wait_listening([(i.host, i.port) for i in cfg.instances if i.role != Role.CLIENT])
+    servers = [i for i in cfg.instances if i.role != Role.CLIENT]
+    if args.wait == "http":
+        wait_healthy([i.host for i in servers])
+    else:
+        wait_listening([(i.host, i.port) for i in servers])
     warm, measured = _split_workload(args.workload, results)
     record = {"name": args.name, "t_roles_up_mono": time.monotonic()}
     code = 0
@@ -180,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("role")
     p.add_argument("config")
     p.add_argument("name")
+    p.add_argument("--health-port", type=int, default=HEALTH_PORT)
     p.set_defaults(func=cmd_role)
     p = sub.add_parser("client")
     p.add_argument("config")
@@ -188,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--results", required=True)
     p.add_argument("--port", type=int, default=8080)
     p.add_argument("--linger-s", type=float, default=3600.0)
+    p.add_argument("--wait", choices=("http", "tcp"), default="http",
+                   help="how to tell the server roles are ready (see the module docstring)")
     p.set_defaults(func=cmd_client)
     p = sub.add_parser("trigger")
     p.add_argument("--port", type=int, default=8081)

@@ -28,6 +28,7 @@ import json
 from dataclasses import dataclass
 
 from testbed.export.chaos import CLIENT_PORT, DC_LABEL, INSTANCE_LABEL, TRIGGER_PORT
+from testbed.export.inpod import HEALTH_PORT
 from testbed.pdd.config import TimingConfig
 from testbed.pdd.wire import Role
 
@@ -145,8 +146,10 @@ def role_deployment(plan: PodPlan, inst: dict, dc: str) -> dict:
     labels = pod_labels(dc, inst["role"], name)
     resources, chip = _role_resources(plan, role)
     c = _container(plan, "role", ["role", f"{CONFIG_DIR}/cluster.json", name], resources,
-                   [inst["port"]], [{"name": "config", "mountPath": CONFIG_DIR}])
-    c["readinessProbe"] = {"tcpSocket": {"port": inst["port"]}, "periodSeconds": 2}
+                   [inst["port"], HEALTH_PORT], [{"name": "config", "mountPath": CONFIG_DIR}])
+    # ready = the role printed "ready" (the router: connected to every P, RLD and MD)
+    c["readinessProbe"] = {"httpGet": {"path": "/ready", "port": HEALTH_PORT},
+                           "periodSeconds": 2}
     template = {"metadata": {"labels": {**labels, MODE_LABEL: plan.mode}, "annotations": chip},
                 "spec": _pod_spec(plan, dc, [c], [_config_volume()])}
     return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta(name, plan, labels),

@@ -66,3 +66,37 @@ def test_wait_listening_returns_once_every_port_accepts():
         s.bind(("127.0.0.1", 0))
         s.listen()
         wait_listening([("127.0.0.1", s.getsockname()[1])], timeout_s=5)
+
+
+CHILD = """
+import signal, sys, time
+signal.signal(signal.SIGTERM, lambda *a: sys.exit(7))
+time.sleep(1.0)
+print("ready", flush=True)
+while True:
+    time.sleep(0.1)
+"""
+
+
+def test_a_role_is_ready_once_it_prints_ready_and_gets_the_pods_sigterm():
+    import signal
+
+    port = free_port()
+    wrapper = (f"import sys; from testbed.export.inpod import run_gated; "
+               f"sys.exit(run_gated([sys.executable, '-c', {CHILD!r}], {port}))")
+    proc = subprocess.Popen([sys.executable, "-c", wrapper], stdout=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 30
+        while _http(f"http://127.0.0.1:{port}/ready") != 503:  # serving, child not ready
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.05)
+        while _http(f"http://127.0.0.1:{port}/ready") != 200:
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 7  # the child's exit code, after the passed-on SIGTERM
+        assert proc.stdout.read().strip() == b"ready"  # its stdout is passed on too
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -77,7 +77,8 @@ def test_exported_config_serves_a_small_workload_on_loopback_with_exact_tokens(t
             client = subprocess.Popen(
                 [sys.executable, "-m", "testbed.export.inpod", "client", str(procs.config_path),
                  "client", "--workload", str(workload), "--results", str(results),
-                 "--port", str(port), "--linger-s", "0"], stderr=log, start_new_session=True)
+                 "--port", str(port), "--linger-s", "0", "--wait", "tcp"],  # roles: RoleProcesses
+                stderr=log, start_new_session=True)
         try:
             assert _http(f"http://127.0.0.1:{port}/start", "POST") in (0, 503)  # not before ready
             _until(f"http://127.0.0.1:{port}/ready", "GET", 120)
