@@ -84,6 +84,7 @@ class Timeline:
 
 
 _WAN_KINDS = ("bandwidth", "bandwidth_schedule", "rtt", "loss")
+MIN_SEGMENT_S = 0.001
 
 
 def _direction(link: LinkSpec, notes: list[str], what: str) -> Direction:
@@ -145,18 +146,32 @@ def _apply(state: tuple[Direction, Direction], change: dict) -> tuple[Direction,
 
 def _segments(changes: list, nominal: tuple[Direction, Direction],
               horizon_s: float) -> tuple[WanSegment, ...]:
+    """Piecewise-constant WAN states over [0, horizon). A state that would last less
+    than MIN_SEGMENT_S (a Workflow deadline has millisecond steps) is skipped: the
+    next one starts where it would have."""
     state, start, segs = nominal, 0.0, []
     for t, _, _, change in sorted(changes, key=lambda c: c[:3]):
-        if t >= horizon_s:
+        if t > horizon_s - MIN_SEGMENT_S:
             break
         new = _apply(state, change)
         if new == state:
             continue
-        if t > start:
-            segs.append(WanSegment(start, t, *state))
-        state, start = new, t
-    segs.append(WanSegment(start, horizon_s, *state))
+        if t - start >= MIN_SEGMENT_S:
+            _push(segs, WanSegment(start, t, *state))
+            start = t
+        state = new
+    _push(segs, WanSegment(start, horizon_s, *state))
     return tuple(segs)
+
+
+def _push(segs: list[WanSegment], seg: WanSegment) -> None:
+    """Append ``seg``, or extend the last segment if it has the same state (a skipped
+    state between two equal ones)."""
+    last = segs[-1] if segs else None
+    if last is not None and (last.a_to_b, last.b_to_a) == (seg.a_to_b, seg.b_to_a):
+        segs[-1] = replace(last, end_s=seg.end_s)
+    else:
+        segs.append(seg)
 
 
 def _step(f: FaultSpec, instances: dict[str, list[str]], horizon_s: float) -> Step | None:

@@ -51,6 +51,17 @@ def test_schedule_steps_are_offsets_from_at_s_and_equal_neighbours_merge():
         (0.0, 15.0, 10.0), (15.0, 35.0, 1.0), (35.0, 100.0, 4.0)]
 
 
+def test_states_shorter_than_a_millisecond_are_skipped():
+    f = fault(0, 0, "bandwidth_schedule",
+              schedule=[(1.0, 2.0), (1.0004, 3.0), (5.0, 4.0), (5.0002, 10.0), (9.9995, 1.0)])
+    tl = translate((f,), WAN, ROLES, 10.0)
+    assert [(s.start_s, s.end_s, s.a_to_b.rate_gbit) for s in tl.wan] == [
+        (0.0, 1.0, 10.0), (1.0, 5.0, 3.0), (5.0, 10.0, 10.0)]
+    blip = fault(0, 0, "bandwidth_schedule", schedule=[(1.0, 2.0), (1.0004, 10.0), (5.0, 4.0)])
+    assert [(s.start_s, s.end_s, s.a_to_b.rate_gbit) for s in
+            translate((blip,), WAN, ROLES, 10.0).wan] == [(0.0, 5.0, 10.0), (5.0, 10.0, 4.0)]
+
+
 def test_rtt_sets_one_way_delay_and_jitter_then_restores_them():
     tl = translate((fault(0, 2, "rtt", 3, delay_ms=50.0, jitter_ms=1.0),), WAN, ROLES, 10.0)
     high = Direction(10.0, 50.0, 1.0, 0.0)
