@@ -216,8 +216,13 @@ def translate(faults: tuple[FaultSpec, ...], wan: WanSpec, instances: dict[str, 
             continue
         if f.kind in _WAN_KINDS:
             changes += _wan_changes(f, nominal, notes)
-        else:
-            steps.append(_step(f, instances, horizon_s))
+            continue
+        step = _step(f, instances, horizon_s)
+        if step.duration_s < MIN_SEGMENT_S:
+            notes.append(f"fault {f.index} ({f.kind}) lasts {step.duration_s:g} s within the "
+                         f"run, under a Workflow deadline's {MIN_SEGMENT_S:g} s step: dropped")
+            continue
+        steps.append(step)
     steps.sort(key=lambda s: (s.at_s, s.fault_index))
     return Timeline(horizon_s, _segments(changes, nominal, horizon_s), tuple(steps),
                     tuple(dict.fromkeys(notes)))

@@ -128,6 +128,8 @@ def test_steps_are_ordered_by_time_then_fault_and_late_faults_are_dropped():
     tl = translate(faults, WAN, ROLES, 100.0)
     assert [(s.at_s, s.fault_index) for s in tl.steps] == [(10, 1), (10, 2), (30, 0)]
     assert any("fault 3" in n and "dropped" in n for n in tl.notes)
+    tiny = translate((fault(0, 99.9995, "link_flap", 1),), WAN, ROLES, 100.0)
+    assert tiny.steps == () and "dropped" in tiny.notes[0]
 
 
 @pytest.mark.parametrize("f, match", [
