@@ -242,9 +242,14 @@ def cmd_collect(args) -> int:
     from testbed.report import build_report
     from testbed.report.summary import summary_table
 
+    import json
+
     verified = collect(Path(args.export_dir), Path(args.out))
     for mode, v in verified.items():
         print(f"{mode}: {v['checked']} requests verified, {len(v['mismatched'])} mismatched")
+    meta = json.loads((Path(args.out) / "metadata.json").read_text())
+    for name in meta.get("expectations_not_checked", []):
+        print(f"not checked (its mode has no results): {name}")
     summary = build_report(Path(args.out))
     print(summary_table(summary))
     return 0 if summary["passed"] else 1

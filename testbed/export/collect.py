@@ -84,10 +84,27 @@ def _verify(mode_out: Path) -> dict:
     return out
 
 
+def _only_modes(meta: dict, names: list[str]) -> dict:
+    """``meta`` for a run of only ``names``: an expectation on a mode that did not run
+    cannot be checked (the report would refuse it), so it moves to
+    ``expectations_not_checked``, which ``testbed collect`` prints."""
+    meta = dict(meta, modes=names)
+    resolved = dict(meta.get("resolved") or {})
+    kept, dropped = [], []
+    for e in resolved.get("expectations") or []:
+        ran = e.get("mode") in names and e.get("baseline", e.get("mode")) in names
+        (kept if ran else dropped).append(e)
+    if dropped:
+        resolved["expectations"] = kept
+        meta.update(resolved=resolved, expectations_not_checked=[e["name"] for e in dropped])
+    return meta
+
+
 def collect(export_dir: Path, out: Path) -> dict:
     """Build run directory ``out`` from ``export_dir``; returns {mode: verify result} for
     the modes whose results were copied (a mode not run yet is left out of the run
-    directory; none at all is an error naming where the results go)."""
+    directory, and so are the expectations on it; none at all is an error naming where
+    the results go)."""
     summary = _read_json(export_dir / "export.json")
     meta = _read_json(export_dir / "metadata.json")
     modes = [m for m in summary["modes"]
@@ -98,7 +115,8 @@ def collect(export_dir: Path, out: Path) -> dict:
                            f"(no mode has results); copy the client's results first: kubectl "
                            f"cp {m['namespace']}/POD:/results {export_dir / m['name'] / 'results'}")
     out.mkdir(parents=True, exist_ok=True)
-    meta = dict(meta, modes=[m["name"] for m in modes], collected_from=str(export_dir),
+    meta = _only_modes(meta, [m["name"] for m in modes])
+    meta.update(collected_from=str(export_dir),
                 collected_wall=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     (out / "metadata.json").write_text(json.dumps(meta, indent=1) + "\n")
     verified = {}

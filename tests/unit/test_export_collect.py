@@ -86,3 +86,22 @@ def test_no_results_is_an_error_that_says_where_to_copy_them(export_dir, tmp_pat
         collect(d, tmp_path / "run")
     with pytest.raises(CollectError, match="export.json: missing"):
         collect(tmp_path / "nothing", tmp_path / "run")
+
+
+def test_expectations_on_modes_without_results_are_listed_not_checked(tmp_path):
+    sc = load_scenario(ROOT / "scenarios" / "quickstart.yaml")
+    exp = build_export(sc)
+    write_export(exp, tmp_path / "exp", run_metadata(sc, ExportOptions()))
+    _results(tmp_path / "exp", exp, alter=False)
+    collect(tmp_path / "exp", tmp_path / "run")
+    meta = json.loads((tmp_path / "run" / "metadata.json").read_text())
+    assert meta["modes"] == ["pdd"]
+    assert meta["expectations_not_checked"] == [
+        "baseline completes too", "pdd cuts the TTFT tail",
+        "pdd TTFT p50 no worse than the baseline"]
+    from testbed.report import build_report
+
+    summary = build_report(tmp_path / "run")  # the report runs on what is there
+    assert [e["name"] for e in summary["expectations"]] == [
+        "no token lost", "no token duplicated", "every pdd request completes",
+        "some requests are relayed"]
