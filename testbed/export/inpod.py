@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import signal
 import socket
@@ -171,6 +172,8 @@ def cmd_client(args) -> int:
     from testbed.pdd.node import run_client
     from testbed.pdd.wire import Role
 
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,  # as testbed.pdd.node does
+                        format=f"%(asctime)s {args.name} %(levelname)s %(name)s: %(message)s")
     cfg = load_config(args.config)
     results = Path(args.results)
     results.mkdir(parents=True, exist_ok=True)
