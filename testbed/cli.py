@@ -16,6 +16,8 @@ import sys
 from testbed.errors import SpecError, TestbedError
 
 DEFAULT_TOPOLOGY = "topologies/two-dc.yaml"
+DEFAULT_IMAGE = "localhost/pdd-testbed:0.1.0"  # testbed.export.build.DEFAULT_IMAGE
+DEFAULT_DC_NODE_LABEL = "pdd-testbed/datacenter"
 
 
 def _backend(value: str):
@@ -215,6 +217,44 @@ def cmd_shell(args) -> int:
     return 0
 
 
+def cmd_export(args) -> int:
+    from pathlib import Path
+
+    from testbed.export.build import ExportOptions
+    from testbed.export.write import export_k8s
+
+    opts = ExportOptions(image=args.image, dc_node_label=args.dc_node_label,
+                         accelerator=args.accelerator, cluster_domain=args.cluster_domain)
+    out = Path(args.out)
+    exp, files = export_k8s(args.scenario, out, opts)
+    for m in exp.modes:
+        print(f"{m.name}: namespace {m.namespace}: kubectl apply --server-side -f {out / m.name}")
+    for note in exp.notes:
+        print(f"note: {note}")
+    print(f"{len(files)} manifest files in {out} (export.json lists them)")
+    return 0
+
+
+def cmd_collect(args) -> int:
+    from pathlib import Path
+
+    from testbed.export.collect import collect
+    from testbed.report import build_report
+    from testbed.report.summary import summary_table
+
+    import json
+
+    verified = collect(Path(args.export_dir), Path(args.out))
+    for mode, v in verified.items():
+        print(f"{mode}: {v['checked']} requests verified, {len(v['mismatched'])} mismatched")
+    meta = json.loads((Path(args.out) / "metadata.json").read_text())
+    for name in meta.get("expectations_not_checked", []):
+        print(f"not checked (its mode has no results): {name}")
+    summary = build_report(Path(args.out))
+    print(summary_table(summary))
+    return 0 if summary["passed"] else 1
+
+
 def cmd_clean(args) -> int:
     from testbed.net.registry import clean_stale
 
@@ -309,6 +349,23 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("shell", help="Mininet CLI on the emulated network")
     _net_args(p)
     p.set_defaults(func=cmd_shell)
+    p = sub.add_parser("export", help="a scenario as Kubernetes manifests with Chaos Mesh "
+                       "shaping the WAN and running the faults (no root, no cluster)")
+    p.add_argument("target", choices=("k8s",))
+    p.add_argument("scenario")
+    p.add_argument("--out", required=True, help="folder: one subfolder of manifests per mode")
+    p.add_argument("--image", default=DEFAULT_IMAGE, help="the roles' image (Containerfile)")
+    p.add_argument("--dc-node-label", default=DEFAULT_DC_NODE_LABEL,
+                   help="node label whose value is a datacenter name (e.g. a, b)")
+    p.add_argument("--accelerator", help="also request the cost model's chips per P/RLD/MD "
+                   "as this extended resource (e.g. nvidia.com/gpu)")
+    p.add_argument("--cluster-domain", default="cluster.local")
+    p.set_defaults(func=cmd_export)
+    p = sub.add_parser("collect", help="a cluster run's copied results as a run directory, "
+                       "then its report")
+    p.add_argument("export_dir", help="the export folder, results copied into MODE/results")
+    p.add_argument("--out", required=True, help="run directory to write")
+    p.set_defaults(func=cmd_collect)
     p = sub.add_parser("clean", help="remove what dead testbed runs left (state files only)")
     p.add_argument("--all", action="store_true", help="also runs whose owner is alive")
     p.set_defaults(func=cmd_clean)

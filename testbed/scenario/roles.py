@@ -23,8 +23,7 @@ from pathlib import Path
 
 from testbed.errors import EmulationError
 from testbed.net.registry import stop_process
-from testbed.scenario.cluster_config import (BASE_PORT, RUN_MODEL,  # noqa: F401
-                                             cluster_dict_for, workload_lines)
+from testbed.scenario.cluster_config import cluster_dict_for, workload_lines
 
 READY_TIMEOUT_S = 60.0
 _START_ORDER = ("prefill", "relay_decode", "main_decode", "router")
