@@ -128,6 +128,7 @@ class Gateway:
         info = {"api": what, "stream": gen.stream, "ttft_http_s": None, "http_status": None}
         live = await self.link.open(gen.prompt_ids, gen.max_tokens, gen.session, info,
                                     t_received)
+        info = live.info
         deadline = asyncio.get_running_loop().time() + self.cfg.client.request_timeout_s
         try:
             if gen.stream:
