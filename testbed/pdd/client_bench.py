@@ -5,7 +5,8 @@ starts P, RLD, MD and the router as loopback processes (``procs.RoleProcesses``)
 the OpenAI-compatible gateway next to them, runs COMMAND unmodified (its
 arguments may say ``{url}``, ``{base_url}``, ``{model}`` and ``{tokenizer}``:
 ``http://127.0.0.1:PORT``, the same + ``/v1``, the served model, the
-tokenizer directory), stops everything, verifies every recorded request
+tokenizer directory; ``{trace}``: with ``--mooncake-rows N``, the first N rows of
+the shipped Mooncake trace scaled for the tiny model, ``scale_trace``), stops everything, verifies every recorded request
 against the greedy decode and writes ``DIR/gateway-stats.json``: requests,
 completed, verified, and TTFT p50/p90 from the gateway's records, both as
 the roles delivered it (``ttft_s``: REQUEST sent -> token 0 received) and
@@ -49,6 +50,30 @@ def bench_config(mode: str) -> ClusterConfig:
     return loopback_config(parse_config(dict(BENCH_CONFIG, mode=mode), "<client_bench>"))
 
 
+MOONCAKE_TRACE = Path(__file__).resolve().parents[2] / "scenarios" / "traces" / "mooncake" / \
+    "conversation_trace_head1000.jsonl"
+MOONCAKE_DIVISOR = 32  # the mooncake-trace scenario's token_scale: 512-token blocks -> 16
+
+
+def scale_trace(src: Path, dst: Path, rows: int, divisor: int = MOONCAKE_DIVISOR) -> int:
+    """The first ``rows`` rows of a Mooncake trace with ``input_length`` divided by
+    ``divisor`` (rounded up), hash ids, timestamps and outputs as they are: what
+    the ``mooncake-trace`` scenario replays (testbed/workload/mooncake.py),
+    for a client that rebuilds prompts from hash ids with 512 / ``divisor``-token
+    blocks (AIPerf: ``--isl-block-size 16``). Returns the rows written."""
+    n = 0
+    with open(src) as fin, open(dst, "w") as fout:
+        for line in fin:
+            if n == rows:
+                break
+            if line.strip():
+                row = json.loads(line)
+                row["input_length"] = -(-row["input_length"] // divisor)
+                fout.write(json.dumps(row) + "\n")
+                n += 1
+    return n
+
+
 def percentile(values: list[float], q: float) -> float | None:
     """Linear-interpolated percentile (numpy's default), None for no values."""
     if not values:
@@ -78,7 +103,8 @@ def gateway_stats(records: list[dict], verdicts) -> dict:
     return out
 
 
-def run(command: list[str], out: Path, mode: str) -> tuple[int, dict]:
+def run(command: list[str], out: Path, mode: str,
+        mooncake_rows: int = 0) -> tuple[int, dict]:
     from testbed.pdd.verify import verify_records
 
     out.mkdir(parents=True, exist_ok=True)
@@ -87,7 +113,9 @@ def run(command: list[str], out: Path, mode: str) -> tuple[int, dict]:
     records_path.unlink(missing_ok=True)
     url = f"http://127.0.0.1:{port}"
     fill = {"url": url, "base_url": url + "/v1", "model": DEFAULT_MODEL,
-            "tokenizer": str(TOKENIZER_DIR)}
+            "tokenizer": str(TOKENIZER_DIR), "trace": str(out / "mooncake-slice.jsonl")}
+    if mooncake_rows:
+        scale_trace(MOONCAKE_TRACE, Path(fill["trace"]), mooncake_rows)
     argv = [a.format(**fill) for a in command]
     with RoleProcesses(cfg, out) as procs:
         procs.start()
@@ -106,10 +134,12 @@ def main(argv: list[str] | None = None) -> int:
                                  description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="folder for records, logs, stats")
     ap.add_argument("--mode", default="pdd", help="pdd | cross-dc-pd | same-dc-pd | p-rld")
+    ap.add_argument("--mooncake-rows", type=int, default=0,
+                    help="write DIR/mooncake-slice.jsonl ({trace}): this many rows, scaled")
     ap.add_argument("command", nargs="+", help="-- COMMAND ARGS ({url}, {base_url}, "
-                    "{model}, {tokenizer} are filled in)")
+                    "{model}, {tokenizer}, {trace} are filled in)")
     args = ap.parse_args(argv)
-    code, stats = run(args.command, Path(args.out), args.mode)
+    code, stats = run(args.command, Path(args.out), args.mode, args.mooncake_rows)
     print(json.dumps({k: v for k, v in stats.items() if k != "command"}))
     return code or (1 if stats["mismatched"] else 0)
 

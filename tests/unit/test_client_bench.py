@@ -48,3 +48,14 @@ def test_a_client_command_runs_against_the_gateway(tmp_path, capsys):
     assert (stats["requests"], stats["completed"], stats["verified"]) == (3, 3, 3)
     assert 0 < stats["ttft_s_p50"] <= stats["ttft_http_s_p50"]
     assert json.loads(capsys.readouterr().out)["client_exit"] == 0
+
+
+def test_a_mooncake_slice_is_scaled_like_the_scenario(tmp_path):
+    from testbed.pdd.client_bench import MOONCAKE_TRACE, scale_trace
+
+    assert scale_trace(MOONCAKE_TRACE, tmp_path / "slice.jsonl", 5) == 5
+    src = [json.loads(x) for x in MOONCAKE_TRACE.read_text().splitlines()[:5]]
+    got = [json.loads(x) for x in (tmp_path / "slice.jsonl").read_text().splitlines()]
+    assert [r["input_length"] for r in got] == [-(-r["input_length"] // 32) for r in src]
+    assert [(r["hash_ids"], r["output_length"], r["timestamp"]) for r in got] == \
+        [(r["hash_ids"], r["output_length"], r["timestamp"]) for r in src]
