@@ -179,9 +179,33 @@ def test_a_client_gone_mid_stream_cancels_its_request(gw, tok, ref):
     assert encode(tok, again.choices[0].text) == ref(encode(tok, "after"), 8)
 
 
+def test_bad_requests_do_not_disturb_a_stream_in_flight(gw, tok, ref):
+    body = json.dumps({"model": MODEL, "prompt": "steady", "max_tokens": 120,
+                       "stream": True}).encode()
+    with socket.create_connection(("127.0.0.1", gw.port), timeout=30) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                  b"application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        got = s.recv(4096)
+        for bad in (b"{not json", b'{"model": "x", "prompt": "a"}', b'{"prompt": [9999]}'):
+            assert _post(gw, "/v1/completions", bad)[0] in (400, 404)
+        while b"data: [DONE]" not in got:
+            got += s.recv(65536)
+    head, _, sse = got.partition(b"\r\n\r\n")
+    assert b" 200 " in head.split(b"\r\n")[0]
+    texts = [json.loads(line[len(b"data: "):])["choices"][0]["text"]
+             for line in _sse_lines(sse) if line != b"data: [DONE]"]
+    assert encode(tok, "".join(texts)) == ref(encode(tok, "steady"), 120)
+
+
+def _sse_lines(body: bytes) -> list[bytes]:
+    """The ``data:`` lines of a chunked (HTTP/1.1) event stream."""
+    return [line for line in body.split(b"\n") if line.startswith(b"data: ")]
+
+
 def test_every_served_request_is_recorded_and_verifies(gw):
     """Last in the module: the records of all the requests above."""
-    recs = _records(gw, 7)  # 2 completions, 2 chat, 1 raw stream, 1 cancelled, 1 after it
+    recs = _records(gw, 8)  # 2 completions, 2 chat, 1 raw stream, 1 cancelled, 1 after
+    # it, 1 beside bad requests
     done = [r for r in recs if r["status"] == "completed"]
     assert len(done) == len(recs) - 1  # only the disconnected one failed
     assert all(r["pipeline"] == "p-rld-md" for r in done)
