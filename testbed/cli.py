@@ -255,6 +255,29 @@ def cmd_collect(args) -> int:
     return 0 if summary["passed"] else 1
 
 
+def cmd_serve(args) -> int:
+    import time
+    from pathlib import Path
+
+    from testbed.scenario.serve import ServeOptions, serve
+    from testbed.types import Mode
+
+    out = Path(args.out) if args.out else Path("runs") / f"serve-{time.strftime('%Y%m%d-%H%M%S')}"
+    opts = ServeOptions(out, args.port, None if args.backend == "auto" else args.backend,
+                        args.scale, args.seed, args.ready_timeout_s)
+    result = serve(_load_topology(args), Mode(args.mode), opts)
+    print(f"testbed: stopped; {result['checked']} requests verified against greedy decode, "
+          f"{len(result['mismatched'])} mismatched; records in {out / 'requests.jsonl'}")
+    return 1 if result["mismatched"] else 0
+
+
+def cmd_exec(args) -> int:
+    from testbed.scenario.serve import run_in_host
+
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    return run_in_host(args.host, command, args.prefix)
+
+
 def cmd_clean(args) -> int:
     from testbed.net.registry import clean_stale
 
@@ -282,6 +305,12 @@ def _run_args(p) -> None:
                    help="how long each role may take to start (a qemu guest: 900)")
     p.add_argument("--preflight-tol-ms", type=float, default=3.0,
                    help="WAN RTT tolerance of the preflight ping (a qemu guest: 10)")
+
+
+def _modes():
+    from testbed.types import Mode
+
+    return list(Mode)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -366,6 +395,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("export_dir", help="the export folder, results copied into MODE/results")
     p.add_argument("--out", required=True, help="run directory to write")
     p.set_defaults(func=cmd_collect)
+    p = sub.add_parser("serve", help="network + PDD roles + OpenAI-compatible gateway up "
+                       "until Ctrl-C (for external benchmark clients)")
+    _net_args(p)
+    p.add_argument("--mode", default="pdd", choices=[m.value for m in _modes()])
+    p.add_argument("--port", type=int, default=8000, help="the gateway's HTTP port")
+    p.add_argument("--out", help="folder for config, logs, requests.jsonl (default "
+                   "runs/serve-TIME)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--ready-timeout-s", type=float, default=60.0)
+    p.set_defaults(func=cmd_serve)
+    p = sub.add_parser("exec", help="run a command inside a host of a live `testbed serve`")
+    p.add_argument("host", help="topology host name, e.g. client")
+    p.add_argument("--prefix", help="the run (tbXXXX) when several are live")
+    p.add_argument("command", nargs="+", help="-- COMMAND [ARGS...] (after a lone --)")
+    p.set_defaults(func=cmd_exec)
     p = sub.add_parser("clean", help="remove what dead testbed runs left (state files only)")
     p.add_argument("--all", action="store_true", help="also runs whose owner is alive")
     p.set_defaults(func=cmd_clean)

@@ -60,3 +60,21 @@ class EmulationError(TestbedError):
 
 class ProtocolError(TestbedError):
     """A malformed, oversized or unexpected frame on a PDD connection."""
+
+
+class ApiError(TestbedError):
+    """A bad HTTP request to the OpenAI-compatible gateway: answered, never raised further.
+
+    ``status`` is the HTTP status; ``body()`` the OpenAI-style error object
+    ``{"error": {"message", "type", "param", "code"}}``.
+    """
+
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 type: str = "invalid_request_error", code: str | None = None):
+        self.status, self.message, self.param, self.type, self.code = \
+            status, message, param, type, code
+        super().__init__(message)
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.code}}

@@ -14,6 +14,7 @@ Example::
     with RoleProcesses(cfg, run_dir) as procs:
         procs.start()
         procs.run_client("client", workload_path, run_dir / "requests.jsonl")
+        procs.start_gateway("client", 8000, run_dir / "gateway.jsonl")  # OpenAI API
 """
 
 from __future__ import annotations
@@ -110,6 +111,20 @@ class RoleProcesses:
                     break
         raise TestbedError(f"{name} did not print 'ready' (exit {proc.poll()}); see "
                            f"{self.run_dir / (name + '.log')}")
+
+    def start_gateway(self, name: str, http_port: int, out: str | Path,
+                      *extra: str) -> subprocess.Popen:
+        """Start the OpenAI-compatible gateway as client instance ``name``
+        (``python -m testbed.pdd.gateway``) on 127.0.0.1:``http_port`` and wait for its
+        ``ready``; ``stop()`` ends it like the roles."""
+        argv = [sys.executable, "-m", "testbed.pdd.gateway", str(self.config_path), name,
+                "--host", "127.0.0.1", "--port", str(http_port), "--out", str(out), *extra]
+        with open(self.run_dir / f"{name}.log", "ab") as log:
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log,
+                                    start_new_session=True)
+        self.procs[name] = proc
+        self._wait_ready(name, proc)
+        return proc
 
     def run_client(self, name: str, workload: str | Path, out: str | Path,
                    timeout_s: float = 120.0) -> subprocess.CompletedProcess:

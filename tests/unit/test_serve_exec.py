@@ -1,0 +1,96 @@
+"""The pure parts of ``testbed serve`` and ``testbed exec`` (testbed.scenario.serve).
+
+Neither command runs here (they build an emulated network, as root): these
+check how exec finds a live host's namespace shell in the registry's state
+files, the command lines they build, and the CLI's parsing of both.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from testbed import cli
+from testbed.errors import TestbedError
+from testbed.pdd.gateway import build_parser as gateway_parser
+from testbed.scenario.serve import (exec_argv, find_host_shell, gateway_argv,
+                                    read_state_files, serve_info)
+
+
+def _run(prefix: str, *hosts: tuple[str, int]) -> dict:
+    procs = [{"pid": pid, "start": pid * 10, "what": f"shell of {h}"} for h, pid in hosts]
+    procs.append({"pid": 999, "start": 1, "what": "router router in router"})
+    return {"prefix": prefix, "owner_pid": 1, "processes": procs}
+
+
+def _alive(pid, start):
+    return start == pid * 10
+
+
+def test_exec_finds_the_live_hosts_shell():
+    runs = [_run("tb0001", ("client", 11), ("md0", 12))]
+    assert find_host_shell(runs, "md0", alive=_alive, owner_alive=lambda r: True) == \
+        ("tb0001", 12)
+
+
+def test_dead_owners_and_recycled_pids_are_not_live_hosts():
+    runs = [_run("tb0001", ("client", 11)), _run("tb0002", ("client", 21))]
+    runs[1]["processes"][0]["start"] = 5  # pid 21 now belongs to someone else
+    dead_first = lambda r: r["prefix"] != "tb0001"  # noqa: E731
+    with pytest.raises(TestbedError, match="no host 'client' in any live run"):
+        find_host_shell(runs, "client", alive=_alive, owner_alive=dead_first)
+
+
+def test_several_live_runs_need_a_prefix():
+    runs = [_run("tb0001", ("client", 11)), _run("tb0002", ("client", 21))]
+    with pytest.raises(TestbedError, match="several live runs.*--prefix"):
+        find_host_shell(runs, "client", alive=_alive, owner_alive=lambda r: True)
+    assert find_host_shell(runs, "client", "tb0002", alive=_alive,
+                           owner_alive=lambda r: True) == ("tb0002", 21)
+    with pytest.raises(TestbedError, match="no host 'p9' in run tb0002"):
+        find_host_shell(runs, "p9", "tb0002", alive=_alive, owner_alive=lambda r: True)
+
+
+def test_state_files_that_cannot_be_read_are_skipped(tmp_path):
+    (tmp_path / "tb0001.json").write_text('{"prefix": "tb0001", "processes": []}')
+    (tmp_path / "tb0002.json").write_text('{"prefix": "tb00')  # being written
+    (tmp_path / "other.json").write_text("{}")
+    assert read_state_files(tmp_path) == [{"prefix": "tb0001", "processes": []}]
+    assert read_state_files(tmp_path / "none") == []
+
+
+def test_exec_runs_the_command_through_mnexec():
+    assert exec_argv(42, ["aiperf", "profile", "--url", "x"]) == \
+        ["mnexec", "-a", "42", "aiperf", "profile", "--url", "x"]
+    with pytest.raises(TestbedError, match="no command"):
+        exec_argv(42, [])
+
+
+def test_the_gateway_command_line_is_one_the_gateway_accepts(tmp_path):
+    argv = gateway_argv(tmp_path / "cluster.json", "client", "10.0.0.5", 8000,
+                        tmp_path / "requests.jsonl")
+    assert argv[1:3] == ["-m", "testbed.pdd.gateway"]
+    args = gateway_parser().parse_args(argv[3:])
+    assert (args.name, args.host, args.port, Path(args.out).name) == \
+        ("client", "10.0.0.5", 8000, "requests.jsonl")
+
+
+def test_serve_json_names_the_url_and_the_exec_command():
+    info = serve_info("tb00ff", "pdd", {"host": "10.0.0.5", "host_name": "client"}, 8000,
+                      "pdd-tiny")
+    assert info["url"] == "http://10.0.0.5:8000/v1"
+    assert info["exec"] == "testbed exec client -- COMMAND"
+
+
+def test_the_cli_parses_serve_and_exec():
+    ap = cli.build_parser()
+    a = ap.parse_args(["serve", "topologies/two-dc.yaml", "--mode", "cross-dc-pd",
+                       "--port", "9000"])
+    assert (a.func, a.mode, a.port, a.topology) == (cli.cmd_serve, "cross-dc-pd", 9000,
+                                                    "topologies/two-dc.yaml")
+    a = ap.parse_args(["exec", "client", "--prefix", "tb0001", "--", "aiperf", "--url", "u"])
+    assert (a.func, a.host, a.prefix, a.command) == \
+        (cli.cmd_exec, "client", "tb0001", ["aiperf", "--url", "u"])
+    with pytest.raises(SystemExit):
+        ap.parse_args(["serve", "--mode", "no-such-mode"])
