@@ -31,8 +31,7 @@ from typing import Iterable, Sequence
 from testbed.errors import ProtocolError, SpecError
 from testbed.pdd.client_record import ClientRequest, RequestTrace
 from testbed.pdd.config import ClusterConfig
-from testbed.pdd.protocol import (Cancel, Done, Error, Frame, Hello, Report, Request, Role,
-                                  Tokens)
+from testbed.pdd.protocol import Cancel, Frame, Hello, Request, Role
 from testbed.pdd.transport import Connection, ConnectionClosed, Transport
 from testbed.strict import MAX_INT, finite, parse_json, read_text
 
@@ -128,14 +127,7 @@ class Client:
         trace, msg = self.traces.get(frame.request_id), frame.message
         if trace is None or trace.t_sent is None:
             return
-        if isinstance(msg, Tokens):
-            trace.on_tokens(msg, time.monotonic())
-        elif isinstance(msg, Done):
-            trace.done = trace.done or trace.failure is None
-        elif isinstance(msg, Error):
-            trace.fail(msg.reason)
-        elif isinstance(msg, Report):
-            trace.on_report(msg)
+        trace.on_message(msg, time.monotonic())
 
 
 def from_workload(requests: Iterable) -> list[ClientRequest]:

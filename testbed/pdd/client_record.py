@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from testbed.pdd.protocol import HEADER_SIZE, Report, Role, Tokens
+from testbed.pdd.protocol import HEADER_SIZE, Done, Error, Report, Role, Tokens
 
 PRODUCER_NAMES = {Role.PREFILL: "P", Role.RELAY_DECODE: "RLD", Role.MAIN_DECODE: "MD"}
 _ROLE_KEYS = {"PREFILL": "P", "RELAY_DECODE": "RLD", "MAIN_DECODE": "MD", "ROUTER": "router"}
@@ -100,6 +100,17 @@ class RequestTrace:
             first["roles"] = msg.data["roles"]
             return
         self.reports[key] = msg.data
+
+    def on_message(self, msg, now: float) -> None:
+        """A message from the router about this request (TOKENS, DONE, ERROR, REPORT)."""
+        if isinstance(msg, Tokens):
+            self.on_tokens(msg, now)
+        elif isinstance(msg, Done):
+            self.done = self.done or self.failure is None
+        elif isinstance(msg, Error):
+            self.fail(msg.reason)
+        elif isinstance(msg, Report):
+            self.on_report(msg)
 
     def fail(self, reason: str) -> None:
         if not self.terminal:

@@ -33,8 +33,7 @@ from pathlib import Path
 from testbed.errors import ApiError, ProtocolError
 from testbed.pdd.client_record import ClientRequest, RequestTrace
 from testbed.pdd.config import ClusterConfig
-from testbed.pdd.protocol import (Cancel, Done, Error, Frame, Hello, Report, Request, Role,
-                                  Tokens)
+from testbed.pdd.protocol import Cancel, Frame, Hello, Request, Role
 from testbed.pdd.transport import Connection, ConnectionClosed, Transport
 
 log = logging.getLogger(__name__)
@@ -198,14 +197,7 @@ class RouterLink:
     @staticmethod
     def _on_frame(live: Live, msg) -> None:
         trace = live.trace
-        if isinstance(msg, Tokens):
-            trace.on_tokens(msg, time.monotonic())
-        elif isinstance(msg, Done):
-            trace.done = trace.done or trace.failure is None
-        elif isinstance(msg, Error):
-            trace.fail(msg.reason)
-        elif isinstance(msg, Report):
-            trace.on_report(msg)
+        trace.on_message(msg, time.monotonic())
 
     async def close(self) -> None:
         """Record what is still open (as it stands), close the connection."""
