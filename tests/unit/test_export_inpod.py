@@ -6,21 +6,11 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
+
+from http_fixtures import http_status
 
 from testbed.export.inpod import Gate, serve_gate, wait_listening
 from testbed.pdd.procs import free_port
-
-
-def _http(url: str, method: str = "GET") -> int:
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, method=method), timeout=2) as r:
-            return r.status
-    except urllib.error.HTTPError as e:
-        return e.code
-    except OSError:
-        return 0
 
 
 def test_gate_answers_503_until_ready_and_start_only_once_ready():
@@ -28,14 +18,14 @@ def test_gate_answers_503_until_ready_and_start_only_once_ready():
     server = serve_gate(gate, port)
     try:
         base = f"http://127.0.0.1:{port}"
-        assert _http(base + "/ready") == 503
-        assert _http(base + "/start", "POST") == 503 and not gate.start.is_set()
+        assert http_status(base + "/ready") == 503
+        assert http_status(base + "/start", "POST") == 503 and not gate.start.is_set()
         gate.ready.set()
-        assert _http(base + "/ready") == 200
-        assert _http(base + "/start", "POST") == 200 and gate.start.is_set()
-        assert _http(base + "/start", "POST") == 200  # a StatusCheck retry is harmless
-        assert _http(base + "/nothing") == 503
-        assert _http(base + "/exit", "POST") == 200 and gate.exit.is_set()
+        assert http_status(base + "/ready") == 200
+        assert http_status(base + "/start", "POST") == 200 and gate.start.is_set()
+        assert http_status(base + "/start", "POST") == 200  # a StatusCheck retry is harmless
+        assert http_status(base + "/nothing") == 503
+        assert http_status(base + "/exit", "POST") == 200 and gate.exit.is_set()
     finally:
         server.shutdown()
 
@@ -47,11 +37,11 @@ def test_trigger_runs_its_command_once_started_and_returns_its_exit_code(tmp_pat
                              f"open({str(marker)!r}, 'w').write('x'); raise SystemExit(3)"])
     try:
         deadline = time.monotonic() + 30
-        while _http(f"http://127.0.0.1:{port}/ready") != 200:
+        while http_status(f"http://127.0.0.1:{port}/ready") != 200:
             assert time.monotonic() < deadline and proc.poll() is None
             time.sleep(0.1)
         assert not marker.exists()  # nothing runs before the Workflow says so
-        assert _http(f"http://127.0.0.1:{port}/start", "POST") == 200
+        assert http_status(f"http://127.0.0.1:{port}/start", "POST") == 200
         assert proc.wait(timeout=30) == 3 and marker.read_text() == "x"
     finally:
         if proc.poll() is None:
@@ -87,10 +77,10 @@ def test_a_role_is_ready_once_it_prints_ready_and_gets_the_pods_sigterm():
     proc = subprocess.Popen([sys.executable, "-c", wrapper], stdout=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 30
-        while _http(f"http://127.0.0.1:{port}/ready") != 503:  # serving, child not ready
+        while http_status(f"http://127.0.0.1:{port}/ready") != 503:  # serving, child not ready
             assert time.monotonic() < deadline and proc.poll() is None
             time.sleep(0.05)
-        while _http(f"http://127.0.0.1:{port}/ready") != 200:
+        while http_status(f"http://127.0.0.1:{port}/ready") != 200:
             assert time.monotonic() < deadline and proc.poll() is None
             time.sleep(0.05)
         proc.send_signal(signal.SIGTERM)

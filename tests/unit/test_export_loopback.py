@@ -16,9 +16,9 @@ import random
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
+
+from http_fixtures import http_status
 
 from testbed.export.build import ExportOptions, build_export
 from testbed.export.collect import collect
@@ -38,19 +38,9 @@ def _without_addresses(cfg) -> dict:
     return d
 
 
-def _http(url: str, method: str = "GET") -> int:
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, method=method), timeout=2) as r:
-            return r.status
-    except urllib.error.HTTPError as e:
-        return e.code
-    except OSError:
-        return 0
-
-
 def _until(url: str, method: str, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
-    while _http(url, method) != 200:
+    while http_status(url, method) != 200:
         assert time.monotonic() < deadline, f"{method} {url} not 200 after {timeout_s} s"
         time.sleep(0.2)
 
@@ -80,9 +70,9 @@ def test_exported_config_serves_a_small_workload_on_loopback_with_exact_tokens(t
                  "--port", str(port), "--linger-s", "0", "--wait", "tcp"],  # roles: RoleProcesses
                 stderr=log, start_new_session=True)
         try:
-            assert _http(f"http://127.0.0.1:{port}/start", "POST") in (0, 503)  # not before ready
+            assert http_status(f"http://127.0.0.1:{port}/start", "POST") in (0, 503)  # not before ready
             _until(f"http://127.0.0.1:{port}/ready", "GET", 120)
-            assert _http(f"http://127.0.0.1:{port}/start", "POST") == 200
+            assert http_status(f"http://127.0.0.1:{port}/start", "POST") == 200
             assert client.wait(timeout=180) == 0, (tmp_path / "client.log").read_text()[-2000:]
         finally:
             if client.poll() is None:
