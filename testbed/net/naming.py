@@ -26,6 +26,8 @@ import re
 import secrets
 from pathlib import Path
 
+from testbed.errors import EmulationError
+
 STATE_DIR = Path("/run/testbed")
 PREFIX_RE = re.compile(r"^tb[0-9a-f]{4}$")
 WAN_NODE = "wan"
@@ -38,7 +40,8 @@ def new_run_prefix() -> str:
         prefix = "tb" + secrets.token_hex(2)
         if not (STATE_DIR / f"{prefix}.json").exists():
             return prefix
-    raise RuntimeError("could not find a free run prefix")
+    raise EmulationError(f"could not find a free run prefix in {STATE_DIR} after 100 tries "
+                         "(run 'testbed clean')")
 
 
 def switch_name(prefix: str, dc: str) -> str:
