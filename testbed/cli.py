@@ -207,7 +207,7 @@ def cmd_bench(args) -> int:
         out = updown(_load_topology(args), args.cycles, _backend(args.backend))
         print(json.dumps(out, indent=1))
         return 1 if out["leftovers"] else 0
-    from testbed.pdd.bench import run_handoff_bench
+    from testbed.bench.handoff import run_handoff_bench
 
     out = run_handoff_bench(_load_topology(args), _backend(args.backend), args.scale,
                             args.trials)
