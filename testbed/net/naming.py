@@ -21,15 +21,12 @@ The longest root-namespace name is 6 + 1 + 4 + 1 + 2 = 14 characters.
 
 from __future__ import annotations
 
-
-import re
 import secrets
 from pathlib import Path
 
 from testbed.errors import EmulationError
 
 STATE_DIR = Path("/run/testbed")
-PREFIX_RE = re.compile(r"^tb[0-9a-f]{4}$")
 WAN_NODE = "wan"
 WAN_BRIDGE = "wanbr"
 
@@ -60,10 +57,6 @@ def state_file(prefix: str) -> Path:
 
 def socket_dir(prefix: str) -> Path:
     return STATE_DIR / prefix
-
-
-def is_ours(name: str, prefix: str) -> bool:
-    return name.startswith(prefix) and PREFIX_RE.match(prefix) is not None
 
 
 def pid_start_time(pid: int) -> int | None:
