@@ -30,11 +30,18 @@ def _load_topology(args):
     from testbed.spec.topology import load_topology
 
     topo = load_topology(args.topology)
+    for flag, ok, bound in (("wan_rate_gbit", lambda v: 0 < v <= 1000, "in (0, 1000]"),
+                            ("wan_rtt_ms", lambda v: 0 <= v <= 20_000, "in [0, 20000]"),
+                            ("wan_loss_pct", lambda v: 0 <= v <= 100, "in [0, 100]")):
+        value = getattr(args, flag, None)
+        if value is not None and not ok(value):  # NaN fails too
+            raise SpecError("command line", "--" + flag.replace("_", "-"), f"a number {bound}",
+                            value)
     changes = {}
     if getattr(args, "wan_rate_gbit", None) is not None:
         changes["rate_gbit"] = args.wan_rate_gbit
     if getattr(args, "wan_rtt_ms", None) is not None:
-        changes["delay_ms"] = args.wan_rtt_ms / 2
+        changes["delay_ms"] = args.wan_rtt_ms / 2  # the RTT, split evenly over both directions
     if getattr(args, "wan_loss_pct", None) is not None:
         from testbed.spec.link import LossSpec
         changes["loss"] = LossSpec("random", pct=args.wan_loss_pct)
@@ -200,7 +207,7 @@ def cmd_bench(args) -> int:
         out = updown(_load_topology(args), args.cycles, _backend(args.backend))
         print(json.dumps(out, indent=1))
         return 1 if out["leftovers"] else 0
-    from testbed.pdd.bench import run_handoff_bench
+    from testbed.bench.handoff import run_handoff_bench
 
     out = run_handoff_bench(_load_topology(args), _backend(args.backend), args.scale,
                             args.trials)

@@ -123,7 +123,7 @@ def _wan_changes(f: FaultSpec, nominal: tuple[Direction, Direction], notes: list
         return [(f.at_s + off, f.index, i, {"rate_gbit": rate})
                 for i, (off, rate) in enumerate(p["schedule"])]
     elif f.kind == "rtt":
-        out = [(f.at_s, f.index, 0, {"delay_ms": p["delay_ms"], "jitter_ms": p["jitter_ms"]})]
+        out = [(f.at_s, f.index, 0, {"delay_ms": p["one_way_delay_ms"], "jitter_ms": p["jitter_ms"]})]
         ends = {"delay_ms": back("delay_ms"), "jitter_ms": back("jitter_ms")}
         if p["jitter_ms"] > 0:
             notes.append(f"{what}: jitter {p['jitter_ms']:g} ms with netem's default "

@@ -254,7 +254,7 @@ class EmulatedNetwork:
                            **_channel_fields(ch, self.plan.scale))
 
     def _StartDelayLine(self, step: P.StartDelayLine) -> None:
-        from testbed.net.runtime import delay_params
+        from testbed.net.encoders import delay_params
 
         ch = step.channel
         sock = naming.socket_dir(self.plan.prefix) / f"dl-{ch.direction.replace('>', '')}.sock"

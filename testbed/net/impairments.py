@@ -41,22 +41,19 @@ import random
 from dataclasses import asdict, dataclass, field, fields
 from statistics import NormalDist
 
+from testbed.spec.link import JITTER_DISTRIBUTIONS, LOSS_MODELS
+
 # netem's distribution tables run from -4 to +4 (s16 entries / NETEM_DIST_SCALE 8192).
 _TABLE_MAX = 32767 / 8192
 _PARETO_ALPHA = 3.0
 _STD_NORMAL = NormalDist()
 
 
-class JitterDistribution(enum.StrEnum):
-    UNIFORM = "uniform"
-    NORMAL = "normal"
-    PARETO = "pareto"
-    PARETONORMAL = "paretonormal"
-
-
-class LossModel(enum.StrEnum):
-    RANDOM = "random"
-    GILBERT_ELLIOTT = "gilbert_elliott"
+# The members are the one list of each (testbed/spec/link.py): UNIFORM,
+# NORMAL, PARETO, PARETONORMAL; RANDOM, GILBERT_ELLIOTT.
+JitterDistribution = enum.StrEnum(
+    "JitterDistribution", {name.upper(): name for name in JITTER_DISTRIBUTIONS})
+LossModel = enum.StrEnum("LossModel", {name.upper(): name for name in LOSS_MODELS})
 
 
 class Verdict(enum.Enum):

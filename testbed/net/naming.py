@@ -21,13 +21,12 @@ The longest root-namespace name is 6 + 1 + 4 + 1 + 2 = 14 characters.
 
 from __future__ import annotations
 
-
-import re
 import secrets
 from pathlib import Path
 
+from testbed.errors import EmulationError
+
 STATE_DIR = Path("/run/testbed")
-PREFIX_RE = re.compile(r"^tb[0-9a-f]{4}$")
 WAN_NODE = "wan"
 WAN_BRIDGE = "wanbr"
 
@@ -38,7 +37,8 @@ def new_run_prefix() -> str:
         prefix = "tb" + secrets.token_hex(2)
         if not (STATE_DIR / f"{prefix}.json").exists():
             return prefix
-    raise RuntimeError("could not find a free run prefix")
+    raise EmulationError(f"could not find a free run prefix in {STATE_DIR} after 100 tries "
+                         "(run 'testbed clean')")
 
 
 def switch_name(prefix: str, dc: str) -> str:
@@ -57,10 +57,6 @@ def state_file(prefix: str) -> Path:
 
 def socket_dir(prefix: str) -> Path:
     return STATE_DIR / prefix
-
-
-def is_ours(name: str, prefix: str) -> bool:
-    return name.startswith(prefix) and PREFIX_RE.match(prefix) is not None
 
 
 def pid_start_time(pid: int) -> int | None:

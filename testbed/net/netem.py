@@ -60,9 +60,9 @@ from pyroute2.netlink.rtnl import TC_H_ROOT
 from pyroute2.netlink.rtnl.tcmsg import plugins as _TC_PLUGINS
 
 from testbed.errors import PlanError
+from testbed.spec.link import JITTER_DISTRIBUTIONS, LOSS_MODELS
 
-DISTRIBUTIONS = ("uniform", "normal", "pareto", "paretonormal")
-LOSS_MODELS = ("random", "gilbert_elliott")
+DISTRIBUTIONS = JITTER_DISTRIBUTIONS  # the one list each (testbed/spec/link.py)
 U32_MAX = 0xFFFFFFFF
 PSCHED_TICK_NS = 64  # kernel PSCHED_TICKS2NS(1): 1 << PSCHED_SHIFT
 NETEM_DIST_SCALE = 8192  # table value of one standard deviation

@@ -26,10 +26,11 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass, field
 
+from testbed.errors import EmulationError, PlanError
 from testbed.net import naming
 from testbed.net.shaping import (Backend, HtbParams, htb_params, in_flight_pkts,
                                  queue_limit_pkts)
-from testbed.spec.link import LinkSpec, LossSpec
+from testbed.spec.link import LinkSpec, LossSpec, check_delay_stage
 from testbed.spec.topology import Topology, gateway_name, host_ifname
 
 # Sysctls raised in every emulated host. The 16 MB default buffers cap TCP
@@ -62,6 +63,21 @@ class Impairment:
     reorder_pct: float
     limit_pkts: int   # packets the stage may hold (in flight + queue)
     seed: int
+
+    def __post_init__(self) -> None:  # same rules as the LinkSpec it comes from (SpecError)
+        check_delay_stage(self.delay_ms, self.jitter_ms, self.distribution, self.loss,
+                          self.reorder_pct)
+        for name in ("limit_pkts", "seed"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < (1 if name == "limit_pkts" else 0):
+                raise PlanError(f"impairment: {name}: expected an integer >= "
+                                f"{1 if name == 'limit_pkts' else 0}, got {v!r}")
+
+    @classmethod
+    def of(cls, spec: LinkSpec, limit_pkts: int, seed: int) -> "Impairment":
+        """The delay/loss stage of one direction: the LinkSpec's values, limit and seed."""
+        return cls(spec.delay_ms, spec.jitter_ms, spec.jitter_distribution, spec.loss,
+                   spec.reorder_pct, limit_pkts, seed)
 
 
 @dataclass(frozen=True)
@@ -168,20 +184,46 @@ class NetworkPlan:
                 return c
         raise KeyError(cid)
 
-    def channels_of(self, link: str) -> tuple[Channel, ...]:
-        return tuple(c for c in self.channels if c.link == link or c.id == link)
+
+def select_channels(channels, link: str) -> list[Channel]:
+    """The channels a name means: a link ("wan", "host:p1", "gw:a", both
+    directions) or one channel ("wan/a>b", "host:p1/up"). The one lookup the
+    runtime, the faults and the plan share; EmulationError names the links."""
+    chans = [c for c in channels if c.link == link or c.id == link]
+    if not chans:
+        known = sorted({c.link for c in channels})
+        raise EmulationError(f"no link {link!r}; links: {', '.join(known)} "
+                             f"(a direction: LINK/a>b, LINK/up...)")
+    return chans
+
+
+def queue_rtt_ms(topo: Topology, link: str, wan_delays_ms: tuple[float, float]) -> float:
+    """The RTT a channel's queue is sized for: the WAN's (sum of its two
+    one-way delays, as they are now) for the WAN; the planned WAN RTT + 0.1 ms
+    for intra-DC links (they feed that path)."""
+    if link == "wan":
+        return wan_delays_ms[0] + wan_delays_ms[1]
+    return topo.wan.rtt_ms + 0.1
+
+
+def sized_channel(link: str, direction: str, node: str | None, dev: str, spec: LinkSpec,
+                  scale: float, rtt_ms: float, with_stage: bool, seed: int,
+                  delay_line: tuple[str, str] | None = None) -> Channel:
+    """One channel with its htb rate, BDP queue and delay stage sized from ``spec``."""
+    htb = htb_params(spec.rate_gbit, scale)
+    queue = queue_limit_pkts(htb.rate_bps, rtt_ms, spec.queue_limit_pkts)
+    imp = None
+    if with_stage:
+        held = in_flight_pkts(htb.rate_bps, spec.delay_ms, spec.jitter_ms) + queue
+        imp = Impairment.of(spec, held, seed)
+    return Channel(link, direction, node, dev, spec, htb, queue, imp, delay_line)
 
 
 def _channel(link: str, direction: str, node: str | None, dev: str, spec: LinkSpec,
              ctx: "_Ctx", rtt_ms: float, delay_line: tuple[str, str] | None = None) -> Channel:
-    htb = htb_params(spec.rate_gbit, ctx.scale)
-    queue = queue_limit_pkts(htb.rate_bps, rtt_ms, spec.queue_limit_pkts)
-    imp = None
-    if ctx.backend is Backend.NETEM or delay_line:
-        held = in_flight_pkts(htb.rate_bps, spec.delay_ms, spec.jitter_ms) + queue
-        imp = Impairment(spec.delay_ms, spec.jitter_ms, spec.jitter_distribution, spec.loss,
-                         spec.reorder_pct, held, ctx.seed * 1000 + len(ctx.channels))
-    ch = Channel(link, direction, node, dev, spec, htb, queue, imp, delay_line)
+    ch = sized_channel(link, direction, node, dev, spec, ctx.scale, rtt_ms,
+                       ctx.backend is Backend.NETEM or delay_line is not None,
+                       ctx.seed * 1000 + len(ctx.channels), delay_line)
     ctx.channels.append(ch)
     return ch
 
@@ -204,7 +246,7 @@ def _plan_dc(ctx: _Ctx, index: int) -> None:
     sw = naming.switch_name(ctx.prefix, dc.name)
     gw = gateway_name(dc.name)
     wan_net = ipaddress.ip_network(ctx.topo.wan.subnet)
-    rtt = ctx.topo.wan.rtt_ms + 0.1  # intra-DC queues sized for the path they feed
+    rtt = queue_rtt_ms(ctx.topo, "dc", (0.0, 0.0))  # intra-DC queues: for the path they feed
     s = ctx.steps
     s.append(AddSwitch(sw))
     members = [(h.name, "host", h.ip, h.link) for h in dc.hosts]
@@ -248,8 +290,9 @@ def _plan_wan(ctx: _Ctx) -> None:
     else:
         s.append(RawPorts(w, (w0, w1)))
         lines = ((w0, w1), (w1, w0))
-    ab = _channel("wan", "a>b", a, host_ifname(a, 1), wan.a_to_b, ctx, wan.rtt_ms, lines[0])
-    ba = _channel("wan", "b>a", b, host_ifname(b, 1), wan.b_to_a, ctx, wan.rtt_ms, lines[1])
+    rtt = queue_rtt_ms(ctx.topo, "wan", (wan.a_to_b.delay_ms, wan.b_to_a.delay_ms))
+    ab = _channel("wan", "a>b", a, host_ifname(a, 1), wan.a_to_b, ctx, rtt, lines[0])
+    ba = _channel("wan", "b>a", b, host_ifname(b, 1), wan.b_to_a, ctx, rtt, lines[1])
     for ch in (ab, ba):
         s.append(Shape(ch))
         if ch.delay_line:
@@ -259,8 +302,8 @@ def _plan_wan(ctx: _Ctx) -> None:
 def plan_network(topo: Topology, prefix: str, backend: Backend, scale: float,
                  seed: int = 1) -> NetworkPlan:
     """The ordered steps that build ``topo`` under run prefix ``prefix``."""
-    if scale < 1:
-        raise ValueError(f"bandwidth scale k must be >= 1, got {scale}")
+    if not 1 <= scale < float("inf"):  # also NaN
+        raise PlanError(f"bandwidth scale k (--scale) must be a finite number >= 1, got {scale}")
     ctx = _Ctx(topo, prefix, backend, scale, seed)
     _plan_dc(ctx, 0)
     _plan_dc(ctx, 1)

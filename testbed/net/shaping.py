@@ -67,10 +67,6 @@ class HtbParams:
     rate64: bool           # rate in bytes/s does not fit htb's u32 field
 
     @property
-    def rate_bytes_per_s(self) -> int:
-        return self.rate_bps // 8
-
-    @property
     def emulated_gbit(self) -> float:
         return self.rate_bps / 1e9
 

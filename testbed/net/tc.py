@@ -6,79 +6,52 @@ Owns the only tc calls of the project. Every shaped interface gets::
                           -> leaf 10: netem (netem backend) | pfifo (userspace)
 
 ``replace`` is used on build so re-applying is safe; runtime changes use
-``change`` so a bandwidth schedule never tears a qdisc down mid-run.
+``change`` so a bandwidth schedule never tears a qdisc down mid-run (the
+runtime plans them with ``rate_request``/``leaf_request`` as data,
+testbed/net/runtime.py, and sends them with ``call``).
 """
 
 from __future__ import annotations
 
 from testbed.errors import ApplyError
-from testbed.net.plan import Channel, Impairment
+from testbed.net.encoders import netem_params
+from testbed.net.netem import netem_request, register
+from testbed.net.plan import Channel
 from testbed.net.shaping import HtbParams
 
 ROOT, CLASS, LEAF = "1:", "1:10", "10:"
 
 
-def _netem_params(imp: Impairment):
-    from testbed.net.netem import NetemParams  # the netem encoder (pyroute2 plugin)
-
-    loss = imp.loss
-    return NetemParams(
-        delay_us=int(round(imp.delay_ms * 1000)), jitter_us=int(round(imp.jitter_ms * 1000)),
-        distribution=imp.distribution if imp.jitter_ms > 0 else "uniform",
-        loss_model=loss.model, loss_pct=loss.pct, ge_p_pct=loss.p_pct, ge_r_pct=loss.r_pct,
-        ge_bad_loss_pct=loss.bad_loss_pct, ge_good_loss_pct=loss.good_loss_pct,
-        reorder_pct=imp.reorder_pct, limit_pkts=imp.limit_pkts, seed=imp.seed)
-
-
-def _htb_kwargs(htb: HtbParams) -> dict:
+def rate_request(htb: HtbParams) -> dict:
+    """Keyword arguments of the htb class (``replace-class``/``change-class``)."""
     rate = f"{htb.rate_bps}bit"
-    return dict(rate=rate, ceil=rate, burst=htb.burst_bytes, cburst=htb.burst_bytes)
+    return dict(kind="htb", handle=CLASS, parent=ROOT, rate=rate, ceil=rate,
+                burst=htb.burst_bytes, cburst=htb.burst_bytes)
 
 
-def _leaf(ipr, command: str, index: int, ch: Channel, netem: bool) -> None:
+def leaf_request(ch: Channel, netem: bool) -> dict:
+    """Keyword arguments of the channel's leaf: netem (its stage) or pfifo (its queue)."""
     if netem:
-        from testbed.net.netem import netem_request, register
+        return dict(kind="netem", handle=LEAF, parent=CLASS,
+                    **netem_request(netem_params(ch.impairment)))
+    return dict(kind="pfifo", handle=LEAF, parent=CLASS, limit=ch.queue_pkts)
 
+
+def call(ipr, command: str, index: int, request: dict) -> None:
+    """``ipr.tc(command, index=..., **request)``; netem's encoder registered first."""
+    if request.get("kind") == "netem":
         register()
-        ipr.tc(command, kind="netem", index=index, handle=LEAF, parent=CLASS,
-               **netem_request(_netem_params(ch.impairment)))
-    else:
-        ipr.tc(command, kind="pfifo", index=index, handle=LEAF, parent=CLASS,
-               limit=ch.queue_pkts)
+    ipr.tc(command, index=index, **request)
 
 
 def shape(ipr, index: int, ch: Channel, netem: bool) -> None:
     """Install htb + leaf on interface ``index`` for channel ``ch``."""
     try:
         ipr.tc("replace", kind="htb", index=index, handle=ROOT, default=0x10)
-        ipr.tc("replace-class", kind="htb", index=index, handle=CLASS, parent=ROOT,
-               **_htb_kwargs(ch.htb))
-        _leaf(ipr, "replace", index, ch, netem)
+        call(ipr, "replace-class", index, rate_request(ch.htb))
+        call(ipr, "replace", index, leaf_request(ch, netem))
     except Exception as e:  # NetlinkError or plugin error
         raise ApplyError(f"shape {ch.id} on {ch.node or 'root'}:{ch.dev}", e) from e
-
-
-def change_rate(ipr, index: int, ch: Channel) -> None:
-    try:
-        ipr.tc("change-class", kind="htb", index=index, handle=CLASS, parent=ROOT,
-               **_htb_kwargs(ch.htb))
-    except Exception as e:
-        raise ApplyError(f"change rate of {ch.id}", e) from e
-
-
-def change_leaf(ipr, index: int, ch: Channel, netem: bool) -> None:
-    try:
-        _leaf(ipr, "change", index, ch, netem)
-    except Exception as e:
-        raise ApplyError(f"change impairment of {ch.id}", e) from e
-
-
-def unshape(ipr, index: int) -> None:
-    """Remove the root qdisc (used when a host link is unshaped on purpose)."""
-    try:
-        ipr.tc("del", index=index, handle=ROOT, root=True)
-    except Exception:  # noqa: BLE001 - absent is fine
-        pass
 
 
 def class_stats(ipr, index: int) -> dict:

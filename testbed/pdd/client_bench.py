@@ -27,14 +27,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from testbed.pdd.config import ClusterConfig, parse_config
+from testbed.pdd.config import RUN_MODEL, ClusterConfig, parse_config
 from testbed.pdd.gateway import DEFAULT_MODEL
 from testbed.pdd.procs import RoleProcesses, free_port, loopback_config
 from testbed.pdd.text import TOKENIZER_DIR
 
 # the model and pacing of a scenario (testbed/scenario/roles.py), on loopback
 BENCH_CONFIG = {
-    "model": {"n_layer": 2, "n_head": 2, "d_model": 64},
+    "model": dict(RUN_MODEL),
     "timing": {"time_scale": 0.5, "kv_scale_k": 10, "connect_timeout_s": 20.0},
     "client": {"request_timeout_s": 120.0, "report_grace_s": 1.0},
     "instances": [

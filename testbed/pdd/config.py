@@ -38,6 +38,11 @@ from testbed.pdd.model import ModelConfig
 from testbed.pdd.wire import Role
 from testbed.types import HandoffMode, Mode, Pipeline
 
+# The tiny model the roles run in a scenario (testbed/scenario/cluster_config.py)
+# and in client_bench: small enough that real compute stays below the modeled
+# step times on 2 cores (float64: exact tokens).
+RUN_MODEL = {"n_layer": 2, "n_head": 2, "d_model": 64}
+
 
 def _f(default: Any, help: str, **kw: Any) -> Any:
     if isinstance(default, (list, dict, set)):

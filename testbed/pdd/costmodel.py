@@ -13,10 +13,8 @@ makes the tokens; the times come from here:
   such passes, differing in how many tokens go in and how much KV is read.
 - ``BatchClock``: the active requests of one decode instance and the modeled
   time of its next step.
-- ``Pacer``: a role computes for real, then sleeps until the modeled time
-  has passed; when the real compute was longer it records an overrun.
 
-Everything except ``Pacer``'s default clock and sleep is pure arithmetic.
+Pure arithmetic. Pacing a role to these times is ``testbed.pdd.pacing``.
 
 Order-of-magnitude checks (tested in tests/unit/test_costmodel.py) against
 the PDD brief with the defaults (4-chip instances, 70B-class model):
@@ -28,10 +26,8 @@ of ms each way and a scheduling wait is consistent with the paper's 305 ms.
 
 from __future__ import annotations
 
-import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator
+from typing import Iterable
 
 
 @dataclass(frozen=True)
@@ -226,64 +222,3 @@ class BatchClock:
         """Every active request's context grows by n_tokens (one decode step each)."""
         for req_id in self._context:
             self._context[req_id] += n_tokens
-
-
-@dataclass
-class PacerStats:
-    """What a Pacer has done so far; overruns are steps whose real compute exceeded the model."""
-
-    n_steps: int = 0
-    n_overruns: int = 0
-    overrun_s: float = 0.0
-    modeled_s: float = 0.0
-    slept_s: float = 0.0
-
-
-class Pacer:
-    """Pads real compute up to the modeled duration and accounts for overruns.
-
-    Sleep overshoot (the OS waking late) is carried to the next step, so a
-    long run of short steps keeps to the modeled timeline. An overrun is
-    not carried: it is reported, and the next step starts on its own.
-    Example::
-
-        pacer = Pacer()
-        with pacer.step(cost.decode_step_s(8, 8 * 4096)):
-            logits = model.decode_step(cache, tok)
-        pacer.stats.n_overruns
-    """
-
-    def __init__(self, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep):
-        self._clock, self._sleep = clock, sleep
-        self._late_s = 0.0  # sleep overshoot to absorb in later steps
-        self.stats = PacerStats()
-
-    def pad(self, modeled_s: float, real_s: float) -> float:
-        """Sleep ``modeled_s - real_s`` (if positive); return the seconds asked of sleep."""
-        if modeled_s < 0 or real_s < 0:
-            raise ValueError(f"negative duration: modeled {modeled_s}, real {real_s}")
-        st = self.stats
-        st.n_steps += 1
-        st.modeled_s += modeled_s
-        if real_s > modeled_s:
-            st.n_overruns += 1
-            st.overrun_s += real_s - modeled_s
-            return 0.0
-        wait_s = modeled_s - real_s - self._late_s
-        if wait_s <= 0:
-            self._late_s = -wait_s
-            return 0.0
-        before = self._clock()
-        self._sleep(wait_s)
-        slept = self._clock() - before
-        self._late_s = max(0.0, slept - wait_s)
-        st.slept_s += slept
-        return wait_s
-
-    @contextmanager
-    def step(self, modeled_s: float) -> Iterator[None]:
-        """Time the body with the clock, then ``pad`` it to ``modeled_s``."""
-        start = self._clock()
-        yield
-        self.pad(modeled_s, self._clock() - start)

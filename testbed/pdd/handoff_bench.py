@@ -1,7 +1,7 @@
 """The 100-token handoff microbenchmark's two endpoints (one process each).
 
 Owns the measured exchange, run as ``python -m testbed.pdd.handoff_bench
-server|client ...`` inside the MD and RLD hosts (testbed.pdd.bench starts
+server|client ...`` inside the MD and RLD hosts (testbed.bench.handoff starts
 them over the emulated WAN). Two ways to give MD 100 tokens that RLD
 generated:
 

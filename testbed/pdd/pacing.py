@@ -1,10 +1,13 @@
-"""Asynchronous padding of real compute to modeled time, for roles on an event loop.
+"""Padding of real compute to modeled time, for roles on an event loop.
 
-Owns ``AsyncPacer``: the same accounting as ``costmodel.Pacer`` (overruns are
-counted and not carried; sleep overshoot is carried to the next step) but it
-sleeps with ``asyncio.sleep`` so other roles and connections sharing the
-loop keep running while a role "computes". ``time_scale`` multiplies every
-modeled duration (TimingConfig.time_scale).
+Owns ``AsyncPacer``, the one pacer, and ``PacerStats``: a role computes for
+real, then sleeps until the modeled time (``modeled_s * time_scale``,
+TimingConfig.time_scale) has passed; when the real compute was longer it
+records an overrun (not carried: the next step starts on its own). Sleep
+overshoot (the OS waking late) is carried to the next step, so a long run of
+short steps keeps to the modeled timeline. It sleeps with ``asyncio.sleep``
+so other roles and connections sharing the loop keep running while a role
+"computes". The clock and the sleep are injectable (tests use a fake time).
 
 Example::
 
@@ -17,19 +20,32 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
+from typing import Awaitable, Callable
 
-from testbed.pdd.costmodel import PacerStats
+
+@dataclass
+class PacerStats:
+    """What a pacer has done so far; overruns are steps whose real compute exceeded the model."""
+
+    n_steps: int = 0
+    n_overruns: int = 0
+    overrun_s: float = 0.0
+    modeled_s: float = 0.0
+    slept_s: float = 0.0
 
 
 class AsyncPacer:
     """Pads each step to ``modeled_s * time_scale`` (see the module docstring)."""
 
-    def __init__(self, time_scale: float = 1.0):
+    def __init__(self, time_scale: float = 1.0, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep):
         if time_scale <= 0:
             raise ValueError(f"time_scale must be > 0, got {time_scale}")
         self.time_scale = time_scale
         self.stats = PacerStats()
         self._late_s = 0.0
+        self._clock, self._sleep = clock, sleep
 
     async def pad(self, modeled_s: float, real_s: float) -> bool:
         """Sleep until the scaled modeled time has passed; return True on an overrun."""
@@ -40,16 +56,16 @@ class AsyncPacer:
         if real_s > target:
             st.n_overruns += 1
             st.overrun_s += real_s - target
-            await asyncio.sleep(0)  # let the loop breathe even when compute overran
+            await self._sleep(0)  # let the loop breathe even when compute overran
             return True
         wait_s = target - real_s - self._late_s
         if wait_s <= 0:
             self._late_s = -wait_s
-            await asyncio.sleep(0)
+            await self._sleep(0)
             return False
-        before = time.monotonic()
-        await asyncio.sleep(wait_s)
-        slept = time.monotonic() - before
+        before = self._clock()
+        await self._sleep(wait_s)
+        slept = self._clock() - before
         self._late_s = max(0.0, slept - wait_s)
         st.slept_s += slept
         return False

@@ -248,10 +248,6 @@ class TcpConnection(Connection):
                                 options.notsent_lowat_bytes)
 
     @property
-    def local_address(self) -> tuple[str, int]:
-        return self._transport.get_extra_info("sockname")[:2]
-
-    @property
     def sock(self) -> socket.socket:
         """The socket, for inspection only (``getsockopt``: buffer sizes, TCP_INFO)."""
         return self._transport.get_extra_info("socket")

@@ -20,14 +20,12 @@ from __future__ import annotations
 from typing import Callable
 
 from testbed.spec.topology import HostSpec, Role as TopoRole, Topology
+from testbed.pdd.config import RUN_MODEL
 
 BASE_PORT = 7100
 ROLE_NAMES = {TopoRole.PREFILL: "prefill", TopoRole.RELAY_DECODE: "relay_decode",
               TopoRole.MAIN_DECODE: "main_decode", TopoRole.ROUTER: "router",
               TopoRole.CLIENT: "client"}
-# The tiny model the roles run in a scenario: small enough that real compute
-# stays below the modeled step times on 2 cores (float64: exact tokens).
-RUN_MODEL = {"n_layer": 2, "n_head": 2, "d_model": 64}
 
 
 def instance_name(topo: Topology, host: HostSpec, role: TopoRole) -> str:

@@ -17,8 +17,8 @@ from typing import Callable
 
 from testbed.net import runtime
 from testbed.net.crosstraffic import start_cross_traffic
+from testbed.net.plan import select_channels
 from testbed.spec.faults import FaultSpec
-from testbed.spec.link import NO_LOSS
 
 
 @dataclass(frozen=True)
@@ -45,10 +45,17 @@ def _plain(params: dict) -> dict:
     return out
 
 
-def _original(net, link: str) -> dict:
-    ch = next(c for c in net.channels.values() if c.link == link or c.id == link)
-    return {"rate_gbit": ch.spec.rate_gbit, "delay_ms": ch.spec.delay_ms,
-            "jitter_ms": ch.spec.jitter_ms, "loss": ch.spec.loss}
+def _original(net, link: str) -> dict[str, dict]:
+    """Each channel of ``link`` with its own values before the fault (a restore
+    sets each direction back to its own, so an asymmetric link stays so)."""
+    return {ch.id: {"rate_gbit": ch.spec.rate_gbit, "delay_ms": ch.spec.delay_ms,
+                    "jitter_ms": ch.spec.jitter_ms, "loss": ch.spec.loss}
+            for ch in select_channels(net.channels.values(), link)}
+
+
+def _restore(net, orig: dict[str, dict], *fields: str) -> None:
+    for cid, values in orig.items():
+        runtime.set_link(net, cid, **{k: values[k] for k in fields})
 
 
 def actions_for(fault: FaultSpec, net, roles) -> list[Action]:
@@ -63,22 +70,21 @@ def actions_for(fault: FaultSpec, net, roles) -> list[Action]:
     if f.kind == "bandwidth":
         out.append(start(lambda: runtime.set_link(net, f.link, rate_gbit=p["rate_gbit"])))
         if f.end_s is not None:
-            out.append(end(lambda: runtime.set_link(net, f.link, rate_gbit=orig["rate_gbit"])))
+            out.append(end(lambda: _restore(net, orig, "rate_gbit")))
     elif f.kind == "bandwidth_schedule":
         out.append(start(lambda: None))
         for off, rate in p["schedule"]:
             out.append(Action(at + off, f"bandwidth {rate:g} Gbit/s",
                               lambda r=rate: runtime.set_link(net, f.link, rate_gbit=r)))
     elif f.kind == "rtt":
-        out.append(start(lambda: runtime.set_link(net, f.link, delay_ms=p["delay_ms"],
+        out.append(start(lambda: runtime.set_link(net, f.link, delay_ms=p["one_way_delay_ms"],
                                                   jitter_ms=p["jitter_ms"])))
         if f.end_s is not None:
-            out.append(end(lambda: runtime.set_link(net, f.link, delay_ms=orig["delay_ms"],
-                                                    jitter_ms=orig["jitter_ms"])))
+            out.append(end(lambda: _restore(net, orig, "delay_ms", "jitter_ms")))
     elif f.kind == "loss":
         out.append(start(lambda: runtime.set_link(net, f.link, loss=p["loss"])))
         if f.end_s is not None:
-            out.append(end(lambda: runtime.set_link(net, f.link, loss=orig["loss"] or NO_LOSS)))
+            out.append(end(lambda: _restore(net, orig, "loss")))
     elif f.kind == "link_flap":
         out.append(start(lambda: runtime.link_down(net, f.link)))
         out.append(end(lambda: runtime.link_up(net, f.link)))

@@ -10,7 +10,8 @@ Kinds::
     bandwidth    rate_gbit [link] [duration_s]             one step
     bandwidth_schedule  steps: [{at_s, rate_gbit}] | ramp: {to_gbit, over_s, steps}
                  | trace: FILE (CSV t_s,rate_gbit)          a schedule from at_s on
-    rtt          delay_ms [jitter_ms] [link] [duration_s]  one-way delay/jitter change
+    rtt          one_way_delay_ms [jitter_ms] [link] [duration_s]  each direction's
+                 one-way delay/jitter (the RTT of "wan" becomes 2 x one_way_delay_ms)
     loss         pct | loss: {model: gilbert_elliott, ...}  [link] [duration_s]
     link_flap    down_s [link]                             link down, then up
     congestion   flows [direction a>b|b>a] duration_s      N TCP cross flows
@@ -124,7 +125,11 @@ def _parse_one(f: Fields, index: int, base: Path) -> FaultSpec:
     elif kind == "bandwidth_schedule":
         p["schedule"] = _schedule(f, base)
     elif kind == "rtt":
-        p["delay_ms"] = f.num("delay_ms", lo=0, hi=10_000, unit="ms")
+        if f.has("delay_ms"):  # the name before: it read as the RTT to some
+            raise f.error("delay_ms", "one_way_delay_ms (renamed: the rtt fault sets each "
+                          "direction's one-way delay; the RTT of 'wan' is twice it)",
+                          f.raw("delay_ms"))
+        p["one_way_delay_ms"] = f.num("one_way_delay_ms", lo=0, hi=10_000, unit="ms")
         p["jitter_ms"] = f.num("jitter_ms", 0.0, lo=0, hi=10_000, unit="ms")
     elif kind == "loss":
         if f.has("loss"):

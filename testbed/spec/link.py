@@ -1,8 +1,11 @@
 """Link impairment specs: rate, delay, jitter, loss, reorder, queue limit.
 
-Owns LinkSpec and LossSpec (frozen) and their parsing from a YAML mapping.
-Units are in the field names; delay_ms is one way. Parsing is pure: it
-checks values, never touches the kernel.
+Owns LinkSpec and LossSpec (frozen, validated in their constructors, so a
+scenario ``wan:`` override, a CLI flag or a fault cannot build an invalid
+one), the one list of delay distributions and loss models (the netem
+encoder and the userspace delay line take theirs from here), and their
+parsing from a YAML mapping. Units are in the field names; delay_ms is one
+way. Pure: it checks values, never touches the kernel.
 
 Example YAML::
 
@@ -15,8 +18,13 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+import math
+
+from testbed.errors import SpecError
 from testbed.spec.reader import Fields
 
+# The one list of each: spec, netem encoder (net/netem.py) and delay line
+# (net/impairments.py) all read these.
 JITTER_DISTRIBUTIONS = ("uniform", "normal", "pareto", "paretonormal")
 LOSS_MODELS = ("random", "gilbert_elliott")
 MAX_RATE_GBIT = 1000.0
@@ -40,6 +48,19 @@ class LossSpec:
     bad_loss_pct: float = 100.0
     good_loss_pct: float = 0.0
 
+    def __post_init__(self) -> None:
+        _check_choice("loss.model", self.model, LOSS_MODELS)
+        for name in ("pct", "p_pct", "r_pct", "bad_loss_pct", "good_loss_pct"):
+            _check_number(f"loss.{name}", getattr(self, name), 0.0, 100.0)
+        if self.model == "random" and self.p_pct > 0:
+            raise SpecError(_WHAT, "loss.p_pct", "0 with model 'random'", self.p_pct)
+        if self.model == "gilbert_elliott" and self.pct > 0:
+            raise SpecError(_WHAT, "loss.pct", "0 with model 'gilbert_elliott' (use p_pct...)",
+                            self.pct)
+        if self.model == "gilbert_elliott" and self.r_pct == 0 and self.p_pct > 0:
+            raise SpecError(_WHAT, "loss.r_pct",
+                            "> 0 when p_pct > 0 (else the link stays bad forever)", 0)
+
     @property
     def mean_pct(self) -> float:
         """Long-run loss percentage (stationary for Gilbert-Elliott)."""
@@ -54,6 +75,36 @@ class LossSpec:
     @property
     def active(self) -> bool:
         return self.mean_pct > 0
+
+
+_WHAT = "link"  # SpecError's "file" for a value built in code (CLI flag, override, fault)
+
+
+def _check_number(name: str, value: object, lo: float, hi: float, lo_open: bool = False) -> None:
+    ok = (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+          and (lo < value if lo_open else lo <= value) and value <= hi)
+    if not ok:
+        raise SpecError(_WHAT, name, f"a finite number in {'(' if lo_open else '['}{lo:g}, {hi:g}]",
+                        value)
+
+
+def _check_choice(name: str, value: object, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise SpecError(_WHAT, name, f"one of {', '.join(allowed)}", value)
+
+
+def check_delay_stage(delay_ms: object, jitter_ms: object, distribution: object,
+                      loss: object, reorder_pct: object) -> None:
+    """The rules every delay/loss stage obeys (LinkSpec and the plan's Impairment)."""
+    _check_number("delay_ms", delay_ms, 0.0, MAX_DELAY_MS)
+    _check_number("jitter_ms", jitter_ms, 0.0, MAX_DELAY_MS)
+    _check_choice("jitter_distribution", distribution, JITTER_DISTRIBUTIONS)
+    if not isinstance(loss, LossSpec):
+        raise SpecError(_WHAT, "loss", "a LossSpec", loss)
+    _check_number("reorder_pct", reorder_pct, 0.0, 100.0)
+    if reorder_pct > 0 and delay_ms == 0:
+        raise SpecError(_WHAT, "reorder_pct", "0 when delay_ms is 0 (reordering needs a delay)",
+                        reorder_pct)
 
 
 NO_LOSS = LossSpec()
@@ -71,7 +122,16 @@ class LinkSpec:
     reorder_pct: float = 0.0
     queue_limit_pkts: int | None = None  # None: sized from the BDP by the planner
 
+    def __post_init__(self) -> None:
+        _check_number("rate_gbit", self.rate_gbit, 0.0, MAX_RATE_GBIT, lo_open=True)
+        check_delay_stage(self.delay_ms, self.jitter_ms, self.jitter_distribution, self.loss,
+                          self.reorder_pct)
+        q = self.queue_limit_pkts
+        if q is not None and (not isinstance(q, int) or isinstance(q, bool) or q < 1):
+            raise SpecError(_WHAT, "queue_limit_pkts", "an integer >= 1 or none", q)
+
     def replace(self, **changes) -> "LinkSpec":
+        """A copy with ``changes``; validated like any LinkSpec (SpecError)."""
         return dataclasses.replace(self, **changes)
 
 
@@ -81,19 +141,16 @@ _PCT = dict(lo=0.0, hi=100.0, unit="percent")
 def parse_loss(f: Fields) -> LossSpec:
     model = f.choice("model", LOSS_MODELS, "random")
     if model == "random":
-        spec = LossSpec(model, pct=f.num("pct", **_PCT))
+        values = dict(pct=f.num("pct", **_PCT))
     else:
-        spec = LossSpec(
-            model,
-            p_pct=f.num("p_pct", **_PCT),
-            r_pct=f.num("r_pct", 100.0, **_PCT),
-            bad_loss_pct=f.num("bad_loss_pct", 100.0, **_PCT),
-            good_loss_pct=f.num("good_loss_pct", 0.0, **_PCT),
-        )
-        if spec.r_pct == 0 and spec.p_pct > 0:
-            raise f.error("r_pct", "> 0 when p_pct > 0 (else the link stays bad forever)", 0)
+        values = dict(p_pct=f.num("p_pct", **_PCT), r_pct=f.num("r_pct", 100.0, **_PCT),
+                      bad_loss_pct=f.num("bad_loss_pct", 100.0, **_PCT),
+                      good_loss_pct=f.num("good_loss_pct", 0.0, **_PCT))
     f.done()
-    return spec
+    try:
+        return LossSpec(model, **values)
+    except SpecError as e:  # name the YAML field
+        raise f.error(e.path.removeprefix("loss."), e.expected, e.got) from None
 
 
 def parse_link(f: Fields, base: LinkSpec | None = None) -> LinkSpec:
@@ -117,4 +174,7 @@ def parse_link(f: Fields, base: LinkSpec | None = None) -> LinkSpec:
         raise f.error("reorder_pct", "0 when delay_ms is 0 (reordering needs a delay)", reorder)
     limit = f.int("queue_limit_pkts", b.queue_limit_pkts, lo=1)
     f.done()
-    return LinkSpec(rate, delay, jitter, dist, loss, reorder, limit)
+    try:
+        return LinkSpec(rate, delay, jitter, dist, loss, reorder, limit)
+    except SpecError as e:  # a rule the field checks above do not cover: name the YAML field
+        raise f.error(e.path, e.expected, e.got) from None

@@ -160,12 +160,21 @@ def _parse_topology(f: Fields, base: Path) -> Topology:
     topo = load_topology(path)
     wan = f.sub("wan", None)
     if wan is not None:
+        # Only the fields the override names change, in each direction: the
+        # others keep their own values, so an asymmetric link (``reverse:``)
+        # stays asymmetric.
+        given = [k for k in _WAN_FIELDS if wan.has(k)]
+        given += ["loss"] if wan.has("loss_pct") and "loss" not in given else []
         link = parse_link(wan, topo.wan.a_to_b)
-        changes = {k: getattr(link, k) for k in ("rate_gbit", "delay_ms", "jitter_ms",
-                                                  "jitter_distribution", "loss", "reorder_pct",
-                                                  "queue_limit_pkts")}
-        topo = topo.with_wan(**changes)
+        try:
+            topo = topo.with_wan(**{k: getattr(link, k) for k in given})
+        except SpecError as e:  # valid for one direction, not for the other
+            raise wan.error(e.path, f"{e.expected} (in both WAN directions)", e.got) from None
     return topo
+
+
+_WAN_FIELDS = ("rate_gbit", "delay_ms", "jitter_ms", "jitter_distribution", "loss", "reorder_pct",
+               "queue_limit_pkts")
 
 
 def parse_scenario(data: object, file: str) -> Scenario:

@@ -83,6 +83,28 @@ def test_runtime_delay_and_rate_change(topo, clean_host):
         assert kinds.count("set_link") == 2  # one per direction, logged
 
 
+def _leaf_limit(net, ch) -> int:
+    out = net.run(ch.node, ["tc", "qdisc", "show", "dev", ch.dev]).stdout if ch.node else \
+        subprocess.run(["tc", "qdisc", "show", "dev", ch.dev], capture_output=True,
+                       text=True, check=True).stdout
+    leaf = next(line for line in out.splitlines() if "parent 1:10" in line)
+    return int(leaf.split(" limit ")[1].split()[0].rstrip("p"))
+
+
+def test_a_delay_increase_resizes_the_kernels_queue_limit(topo, clean_host):
+    with open_network(topo) as net:
+        ch = net.channels["wan/a>b"]
+        want_before = ch.impairment.limit_pkts if net.plan.backend.value == "netem" \
+            else ch.queue_pkts
+        assert _leaf_limit(net, ch) == want_before
+        runtime.set_link(net, "wan", delay_ms=4 * ch.spec.delay_ms)
+        new = net.channels["wan/a>b"]
+        want = new.impairment.limit_pkts if net.plan.backend.value == "netem" else new.queue_pkts
+        assert want > 3 * want_before
+        assert _leaf_limit(net, new) == want
+        assert ping_avg(net, "xa1", "xb1")["avg_ms"] == pytest.approx(160, abs=3)
+
+
 def test_link_down_and_up(topo, clean_host):
     with open_network(topo) as net:
         assert ping_avg(net, "client", "md1", 3)["received"] == 3

@@ -1,4 +1,4 @@
-"""Cost model: monotonicity, orders of magnitude against the PDD brief, BatchClock, Pacer."""
+"""Cost model: monotonicity, orders of magnitude against the PDD brief, BatchClock."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from testbed.pdd.costmodel import (
-    BIG_MODEL, GPU_A, GPU_B, BatchClock, ChipProfile, CostModel, ModelProfile, Pacer,
+    BIG_MODEL, GPU_A, GPU_B, BatchClock, ChipProfile, CostModel, ModelProfile,
 )
 
 P = CostModel(GPU_A)   # prefill / RLD instance
@@ -110,67 +110,3 @@ def test_batch_clock_tracks_the_active_batch():
     assert clock.step_s() == pytest.approx(MD.decode_step_s(1, 1100))
     with pytest.raises(ValueError):
         clock.add("b", 5)
-
-
-class FakeTime:
-    """Injectable clock: compute advances it by hand, sleep advances it by the wait (+ lateness)."""
-
-    def __init__(self, late_s: float = 0.0):
-        self.now, self.late_s, self.sleeps = 100.0, late_s, []
-
-    def clock(self) -> float:
-        return self.now
-
-    def sleep(self, s: float) -> None:
-        self.sleeps.append(s)
-        self.now += s + self.late_s
-
-
-def test_pacer_pads_to_modeled_time():
-    t = FakeTime()
-    pacer = Pacer(t.clock, t.sleep)
-    with pacer.step(0.030):
-        t.now += 0.010  # real compute
-    assert t.sleeps == [pytest.approx(0.020)]
-    assert t.now == pytest.approx(100.030)
-    s = pacer.stats
-    assert (s.n_steps, s.n_overruns, s.overrun_s) == (1, 0, 0.0)
-    assert s.modeled_s == pytest.approx(0.030) and s.slept_s == pytest.approx(0.020)
-
-
-@pytest.mark.parametrize("modeled, real, overruns, overrun_s, slept", [
-    (0.030, 0.010, 0, 0.0, 0.020),
-    (0.010, 0.010, 0, 0.0, 0.0),
-    (0.010, 0.025, 1, 0.015, 0.0),
-    (0.0, 0.005, 1, 0.005, 0.0),
-])
-def test_pacer_overrun_table(modeled, real, overruns, overrun_s, slept):
-    t = FakeTime()
-    pacer = Pacer(t.clock, t.sleep)
-    assert pacer.pad(modeled, real) == pytest.approx(slept)
-    assert pacer.stats.n_overruns == overruns
-    assert pacer.stats.overrun_s == pytest.approx(overrun_s)
-
-
-def test_pacer_accumulates_overruns_and_absorbs_late_wakeups():
-    t = FakeTime(late_s=0.001)  # the OS wakes us 1 ms late every time
-    pacer = Pacer(t.clock, t.sleep)
-    start = t.now
-    for _ in range(10):
-        with pacer.step(0.010):
-            t.now += 0.002
-    # Each late wake-up is taken off the next wait: the timeline drifts by one
-    # wake-up (1 ms), not by ten.
-    assert t.now - start == pytest.approx(0.100 + 0.001)
-    for real in (0.020, 0.030):
-        pacer.pad(0.010, real)
-    assert pacer.stats.n_overruns == 2 and pacer.stats.overrun_s == pytest.approx(0.030)
-    with pytest.raises(ValueError):
-        pacer.pad(-1.0, 0.0)
-
-
-def test_pacer_real_sleep_is_short():
-    pacer = Pacer()
-    with pacer.step(0.002):
-        pass
-    assert pacer.stats.n_overruns == 0 and 0.0 < pacer.stats.slept_s < 0.05

@@ -63,7 +63,7 @@ def test_states_shorter_than_a_millisecond_are_skipped():
 
 
 def test_rtt_sets_one_way_delay_and_jitter_then_restores_them():
-    tl = translate((fault(0, 2, "rtt", 3, delay_ms=50.0, jitter_ms=1.0),), WAN, ROLES, 10.0)
+    tl = translate((fault(0, 2, "rtt", 3, one_way_delay_ms=50.0, jitter_ms=1.0),), WAN, ROLES, 10.0)
     high = Direction(10.0, 50.0, 1.0, 0.0)
     assert shape(tl) == [(0.0, 2.0, NOMINAL, NOMINAL), (2.0, 5.0, high, high),
                          (5.0, 10.0, NOMINAL, NOMINAL)]

@@ -1,0 +1,104 @@
+"""The import rules of docs/design.md ("Layers and import rules"), enforced.
+
+Every ``import testbed.X`` / ``from testbed.X import ...`` in every module,
+at any depth (function-level imports count), is checked against the table.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "testbed"
+
+# package -> the testbed packages it may import (docs/design.md's table)
+MAY_IMPORT = {
+    "errors": set(),
+    "types": set(),
+    "strict": {"errors"},
+    "spec": {"errors", "types", "strict", "workload"},
+    "workload": {"errors", "strict", "spec"},
+    "net": {"errors", "spec"},
+    "pdd": {"errors", "types", "strict"},
+    "bench": {"errors", "types", "net", "spec", "pdd"},
+    "scenario": {"errors", "types", "strict", "spec", "workload", "net", "pdd", "report"},
+    "report": {"errors"},
+    "export": {"errors", "types", "strict", "spec", "workload", "scenario", "pdd", "report"},
+    "vm": {"errors", "spec", "net"},
+    "cli": None,  # everything, inside each subcommand
+}
+# single modules with a wider reach than their package, and why
+EXCEPTIONS = {
+    "spec/fuzz.py": {"pdd"},  # the fuzzer of every reader, the roles' config/request readers too
+}
+ONLY_THROUGH = {("workload", "spec"): "spec.reader"}  # workload reads YAML with spec's reader
+FUNCTION_LEVEL_ONLY = {("spec", "workload")}  # no import cycle at load time
+
+
+def _top_level(path: Path) -> set[int]:
+    """Line numbers of the module-level import statements."""
+    return {n.lineno for n in ast.parse(path.read_text()).body
+            if isinstance(n, (ast.Import, ast.ImportFrom))}
+
+
+def _imports(path: Path) -> list[tuple[str, int]]:
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out += [(a.name, node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.append((node.module, node.lineno))
+    return [(name, line) for name, line in out if name.startswith("testbed.")]
+
+
+def _package(path: Path) -> str:
+    rel = path.relative_to(PACKAGE)
+    return rel.parts[0] if len(rel.parts) > 1 else rel.stem
+
+
+def violations() -> list[str]:
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        pkg = _package(path)
+        rel = str(path.relative_to(PACKAGE))
+        if pkg == "__init__" or MAY_IMPORT.get(pkg, set()) is None:
+            continue
+        assert pkg in MAY_IMPORT, f"testbed/{pkg} has no row in the import rules"
+        allowed = MAY_IMPORT[pkg] | EXCEPTIONS.get(rel, set())
+        top = _top_level(path)
+        for name, line in _imports(path):
+            target = name.split(".")[1]
+            through = ONLY_THROUGH.get((pkg, target))
+            if target != pkg and (target not in allowed
+                                  or through and not name.startswith("testbed." + through)
+                                  or (pkg, target) in FUNCTION_LEVEL_ONLY and line in top):
+                found.append(f"testbed/{rel}:{line} imports {name}")
+    return found
+
+
+def test_every_module_keeps_the_import_rules():
+    assert violations() == []
+
+
+def test_the_roles_import_neither_the_network_nor_spec_nor_scenario():
+    for path in (PACKAGE / "pdd").rglob("*.py"):
+        bad = [n for n, _ in _imports(path)
+               if n.split(".")[1] in ("net", "spec", "scenario")]
+        assert not bad, f"{path}: {bad}"
+
+
+@pytest.mark.parametrize("source, pkg", [
+    ("from testbed.net.runtime import set_link\n", "pdd"),
+    ("def f():\n    import testbed.spec.topology\n", "pdd"),
+    ("from testbed.pdd.config import parse_config\n", "report"),
+    ("from testbed.workload import parse_workload\n", "spec"),
+    ("from testbed.spec.topology import Topology\n", "workload"),
+])
+def test_a_forbidden_import_is_found(tmp_path, monkeypatch, source, pkg):
+    fake = tmp_path / "testbed"
+    (fake / pkg).mkdir(parents=True)
+    (fake / pkg / "mod.py").write_text(source)
+    monkeypatch.setattr(__import__(__name__, fromlist=["PACKAGE"]), "PACKAGE", fake)
+    assert len(violations()) == 1
