@@ -5,8 +5,8 @@ the base class of P, RLD, MD and the router. Connection lifecycle:
 
 - inbound: the role listens on its instance's (host, port); the first frame
   of every accepted connection must be HELLO, within ``limits.hello_timeout_s``
-  (until then the decoder accepts no other type; else that connection is
-  closed, the role keeps serving); then each frame goes to
+  (the decoder refuses any other type as the first frame on its header; else
+  that connection is closed, the role keeps serving); then each frame goes to
   ``on_frame(peer, frame)``, one at a time per connection;
 - every REQUEST, whoever sends it, is checked against the model first
   (``request_problem``: token ids in the vocabulary, prompt + max output
@@ -238,16 +238,15 @@ class RoleServer:
                 await asyncio.sleep(0.05)
 
     async def _serve(self, conn: Connection) -> None:
-        conn.accept_only(frozenset({MsgType.HELLO}))  # no KV buffered for a stranger
+        conn.expect_first(frozenset({MsgType.HELLO}))  # no KV buffered for a stranger
         timeout = self.cfg.limits.hello_timeout_s or None
         try:
             first = await asyncio.wait_for(conn.recv(), timeout)
         except asyncio.TimeoutError:
             raise ConnectionClosed(f"no HELLO from {conn.peer} within {timeout:g} s "
                                    "(limits.hello_timeout_s)") from None
-        if not isinstance(first.message, Hello):  # accept_only lets nothing else through
+        if not isinstance(first.message, Hello):  # expect_first lets nothing else through
             raise ProtocolError(f"first frame must be HELLO, got {first.msg_type.name}")
-        conn.accept_only(None)
         hello = first.message
         peer = Peer(conn, hello.role, hello.name, outbound=False)
         routers = {i.name for i in self.cfg.of_role(Role.ROUTER)}

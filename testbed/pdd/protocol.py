@@ -145,8 +145,9 @@ class FrameLimits:
       <= ``max_bulk_payload_bytes``; its filler is checked and dropped, never buffered;
     - any other type (HELLO, REQUEST, TOKENS, HANDOFF, ERROR, REPORT):
       payload <= ``max_control_payload_bytes``;
-    - ``allowed``, when set: only these types (a connection that has not yet
-      identified itself may send HELLO and nothing else).
+    - ``first_types``, when set: the stream's first frame must be one of these
+      (a connection must identify itself with HELLO before anything else is
+      buffered). ``check(..., first=True)`` applies it.
 
     >>> FrameLimits().payload_limit(MsgType.HEALTH)
     8
@@ -155,7 +156,7 @@ class FrameLimits:
     max_frame_bytes: int = MAX_FRAME_BYTES
     max_bulk_payload_bytes: int = MAX_BULK_PAYLOAD_BYTES
     max_control_payload_bytes: int = MAX_CONTROL_PAYLOAD_BYTES
-    allowed: frozenset[MsgType] | None = None
+    first_types: frozenset[MsgType] | None = None
 
     def __post_init__(self) -> None:
         if self.max_frame_bytes < HEADER_SIZE:
@@ -172,11 +173,12 @@ class FrameLimits:
             return size
         return self.max_bulk_payload_bytes if cls.BULK else self.max_control_payload_bytes
 
-    def check(self, msg_type: MsgType, length: int, filler: int) -> None:
-        """ProtocolError if a ``msg_type`` header announcing these lengths is refused."""
-        if self.allowed is not None and msg_type not in self.allowed:
-            expected = ", ".join(sorted(t.name for t in self.allowed))
-            raise ProtocolError(f"{msg_type.name} frame not accepted here (expected {expected})")
+    def check(self, msg_type: MsgType, length: int, filler: int, first: bool = False) -> None:
+        """ProtocolError if a ``msg_type`` header announcing these lengths is refused
+        (``first``: it is the stream's first frame)."""
+        if first and self.first_types is not None and msg_type not in self.first_types:
+            expected = " or ".join(sorted(t.name for t in self.first_types))
+            raise ProtocolError(f"{msg_type.name} as the first frame (expected {expected})")
         if HEADER_SIZE + length + filler > self.max_frame_bytes:
             raise ProtocolError(f"{msg_type.name} frame of {HEADER_SIZE + length + filler} bytes "
                                 f"exceeds max_frame_bytes={self.max_frame_bytes}")
@@ -251,7 +253,7 @@ def _check_magic_version(head: bytes | bytearray) -> None:
 
 
 def parse_header(head: bytes | bytearray, max_frame_bytes: int = MAX_FRAME_BYTES,
-                 limits: FrameLimits | None = None) -> FrameHeader:
+                 limits: FrameLimits | None = None, first: bool = False) -> FrameHeader:
     """Validate the first ``HEADER_SIZE`` bytes of ``head``; ProtocolError says what is wrong.
 
     ``limits`` (default: ``FrameLimits(max_frame_bytes)``) bounds the announced lengths
@@ -274,7 +276,7 @@ def parse_header(head: bytes | bytearray, max_frame_bytes: int = MAX_FRAME_BYTES
     msg_type = MsgType(type_byte)
     if flags != 0:
         raise ProtocolError(f"{msg_type.name} frame has reserved flags {flags:#04x} set")
-    (limits or FrameLimits(max_frame_bytes)).check(msg_type, length, filler)
+    (limits or FrameLimits(max_frame_bytes)).check(msg_type, length, filler, first)
     if filler and not MESSAGE_CLASSES[msg_type].BULK:
         raise ProtocolError(f"{msg_type.name} frame announces {filler} filler bytes; "
                             "only KV_CHUNK frames carry filler")
@@ -325,8 +327,7 @@ class FrameDecoder:
     header announces are checked against ``limits`` (``FrameLimits``: by
     message type) before anything is reserved, and the payload buffer grows
     with the bytes that arrive, so a header announcing a large payload that
-    never comes costs nothing. ``limits`` may be replaced between frames
-    (e.g. to accept HELLO only until the peer has identified itself).
+    never comes costs nothing.
 
     >>> dec = FrameDecoder()
     >>> data = encode_frame(Frame(9, Health(nonce=1)))
@@ -400,7 +401,8 @@ class FrameDecoder:
             if len(self._head) < HEADER_SIZE:
                 _check_magic_version(self._head)
                 return None
-            self._header = parse_header(self._head, limits=self.limits)
+            self._header = parse_header(self._head, limits=self.limits,
+                                        first=not self.frames_decoded)
             self._payload = bytearray()  # nothing reserved for what has not arrived
             if not self._header.payload_len:
                 _check_payload_crc(self._header, self._payload)

@@ -155,7 +155,7 @@ class RouterNode(RoleServer):
                 await self._end(self._by_client[peer_id], None)
             elif not isinstance(msg, Cancel):
                 self.stray(peer, frame, "a client sends REQUEST and CANCEL only")
-        elif peer.role in _ROLES and rid in self.requests:
+        elif peer.role in _ROLES and peer.outbound and rid in self.requests:
             await self._from_role(peer, self.requests[rid], msg)
         elif isinstance(msg, HealthAck) and msg.nonce in self._pings:
             now = time.monotonic()
@@ -469,8 +469,8 @@ class RouterNode(RoleServer):
             for r in [r for r in self.requests.values() if r.client is peer]:
                 await self._end(r, None)
             return
-        if peer.role not in _ROLES:
-            return
+        if peer.role not in _ROLES or not peer.outbound:
+            return  # the router's links to roles are its own; an inbound "role" is a stranger
         if peer.name not in self.dead:
             self.spawn(self._revive(peer.name, peer.role), f"revive {peer.name}")
         self.dead.add(peer.name)

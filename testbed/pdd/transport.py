@@ -100,9 +100,9 @@ class Connection(abc.ABC):
                 raise ConnectionClosed(f"sending to {self.peer}: {err}") from err
             self.bytes_sent += sum(len(p) for p in parts) + filler
 
-    def accept_only(self, types: frozenset[MsgType] | None) -> None:
-        """From the next frame on, accept only frames of ``types`` (None: every type)."""
-        self.limits = dataclasses.replace(self.limits, allowed=types)
+    def expect_first(self, types: frozenset[MsgType]) -> None:
+        """The first frame received must be of one of ``types`` (call before any recv)."""
+        self.limits = dataclasses.replace(self.limits, first_types=types)
         self._decoder.limits = self.limits
 
     async def _read_bounded(self) -> bytes:

@@ -102,11 +102,13 @@ def test_a_kv_chunk_still_decodes_when_its_payload_arrives_in_pieces():
 
 
 def test_before_hello_only_hello_is_accepted():
-    limits = FrameLimits(allowed=frozenset({MsgType.HELLO}))
-    with pytest.raises(ProtocolError, match=r"KV_CHUNK frame not accepted here \(expected HELLO\)"):
+    limits = FrameLimits(first_types=frozenset({MsgType.HELLO}))
+    with pytest.raises(ProtocolError, match=r"KV_CHUNK as the first frame \(expected HELLO\)"):
         FrameDecoder(limits=limits).feed(header(MsgType.KV_CHUNK, 1000))
     hello = encode_frame(Frame(0, Hello(Role.ROUTER, "r")))
-    assert FrameDecoder(limits=limits).feed(hello)[0].message.name == "r"
+    then = encode_frame(Frame(1, Request((1, 2), 3)))  # in the same chunk as the HELLO
+    got = FrameDecoder(limits=limits).feed(hello + then)
+    assert [f.msg_type for f in got] == [MsgType.HELLO, MsgType.REQUEST]
 
 
 # -- the role config ------------------------------------------------------------------------
@@ -348,3 +350,36 @@ def test_connections_beyond_the_cap_are_closed_and_the_others_keep_working():
 
     results, refused = run(go())
     assert results == [0, 1, 2, None, None, 9] and refused == 2
+
+
+def test_only_the_configured_router_becomes_the_roles_router_and_a_lost_one_falls_back():
+    async def go():
+        role, client = await _echo_role()
+        seen = []
+
+        async def greet(name):
+            conn = await client.connect("p0", 7001)
+            await conn.send(Frame(0, Hello(Role.ROUTER, name)))
+            await conn.send(Frame(1, Health(1)))
+            await conn.recv()  # the role has taken the HELLO
+            return conn
+
+        evil = await greet("evil")
+        seen.append(role.router)
+        first = await greet("router")
+        seen.append(role.router.conn.peer if role.router else None)
+        second = await greet("router")  # e.g. a restarted router
+        newest = role.router
+        second.close()
+        await asyncio.sleep(0.05)
+        fallback = role.router
+        for conn in (evil, first):
+            conn.close()
+        await asyncio.sleep(0.05)
+        seen.append(role.router)
+        await role.stop()
+        return seen, newest, fallback
+
+    seen, newest, fallback = run(go())
+    assert seen[0] is None and seen[1] is not None and seen[2] is None
+    assert newest is not fallback and fallback is not None and fallback.name == "router"
