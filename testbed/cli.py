@@ -198,9 +198,30 @@ def cmd_bench_fuzz(args) -> int:
     return 1 if out["tracebacks_total"] else 0
 
 
+def cmd_bench_chaos(args) -> int:
+    from pathlib import Path
+
+    from testbed.scenario.chaos import run_chaos
+
+    if args.cycles < 1:
+        raise TestbedError(f"--cycles: expected >= 1, got {args.cycles}")
+    if args.scenario is not None:
+        from testbed.spec.scenario import load_scenario
+
+        load_scenario(args.scenario)  # a bad file: exit 2 before anything starts
+    out = run_chaos(args.cycles, args.seed, args.scenario, args.window_s)
+    text = json.dumps(out, indent=1)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    return 1 if out["leftovers_total"] else 0
+
+
 def cmd_bench(args) -> int:
     if args.what == "fuzz":
         return cmd_bench_fuzz(args)
+    if args.what == "chaos":
+        return cmd_bench_chaos(args)
     if args.what == "updown":
         from testbed.net.updown import updown
 
@@ -373,14 +394,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--labels", nargs="+", help="column names (default: folder and backend)")
     p.set_defaults(func=cmd_compare)
     p = sub.add_parser("bench", help="benchmarks: updown (build/teardown), handoff, "
-                       "fuzz (input readers, no root)")
-    p.add_argument("what", choices=("updown", "handoff", "fuzz"))
+                       "fuzz (input readers, no root), chaos (kill campaign)")
+    p.add_argument("what", choices=("updown", "handoff", "fuzz", "chaos"))
     _net_args(p)
     p.add_argument("--cycles", type=int, default=20)
     p.add_argument("--trials", type=int, default=30)
     p.add_argument("--cases", type=int, default=10_000, help="fuzz: inputs per reader")
-    p.add_argument("--seed", type=int, default=1, help="fuzz: random seed")
-    p.add_argument("--out", help="fuzz: also write the JSON result to this file")
+    p.add_argument("--seed", type=int, default=1, help="fuzz, chaos: random seed")
+    p.add_argument("--out", help="fuzz, chaos: also write the JSON result to this file")
+    p.add_argument("--scenario", help="chaos: the scenario each cycle runs "
+                   "(default tests/chaos/chaos-tiny.yaml)")
+    p.add_argument("--window-s", type=float, default=25.0,
+                   help="chaos: the kill comes at a uniform moment in [0.5, this] s")
     p.set_defaults(func=cmd_bench)
     p = sub.add_parser("shell", help="Mininet CLI on the emulated network")
     _net_args(p)

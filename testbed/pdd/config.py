@@ -161,6 +161,34 @@ class ClientConfig:
 
 
 @dataclass(frozen=True)
+class LimitsConfig:
+    """Bounds every role process puts on what a peer may make it hold (docs/pdd-roles.md,
+    Bounded resources). A peer that breaks one loses its connection; the role serves on."""
+
+    max_frame_bytes: int = _f(0, "any frame, header + payload + filler (a KV_CHUNK of "
+                              "modeled size); checked on the header. 0: auto, the larger of "
+                              "64 MiB and twice this config's largest KV_CHUNK (the filler "
+                              "is never buffered: this bounds time, not memory)", lo=0)
+    max_kv_payload_bytes: int = _f(32 << 20, "a KV_CHUNK's real KV bytes (buffered until the "
+                                   "frame is in; the filler is never buffered)", lo=64)
+    max_control_payload_bytes: int = _f(1 << 20, "the payload of every other variable-size "
+                                        "type (HELLO, REQUEST, TOKENS, HANDOFF, ERROR, REPORT); "
+                                        "fixed-layout types must have exactly their size",
+                                        lo=64)
+    frame_timeout_s: float = _f(60.0, "a frame whose first bytes arrived must be complete "
+                                "within this much waiting, else the connection is closed; "
+                                "0: no timeout", lo=0.0)
+    hello_timeout_s: float = _f(10.0, "an accepted connection that has not sent HELLO within "
+                                "this is closed; until then it may send HELLO only; 0: no "
+                                "timeout", lo=0.0)
+    max_connections: int = _f(256, "a role's listener closes connections beyond this many "
+                              "open ones at once", lo=1)
+    max_requests: int = _f(512, "requests a role holds at once (each holds a KV cache of up "
+                           "to prompt + max output tokens); a REQUEST beyond gets "
+                           "ERROR(OVERLOADED)", lo=1)
+
+
+@dataclass(frozen=True)
 class ClusterConfig:
     """Everything a PDD role process needs; ``instances`` lists every process."""
 
@@ -173,6 +201,8 @@ class ClusterConfig:
     main: MainConfig = field(default_factory=MainConfig, metadata={"help": "MD"})
     router: RouterConfig = field(default_factory=RouterConfig, metadata={"help": "router"})
     client: ClientConfig = field(default_factory=ClientConfig, metadata={"help": "client"})
+    limits: LimitsConfig = field(default_factory=LimitsConfig,
+                                 metadata={"help": "bounds against broken or hostile peers"})
 
     def instance(self, name: str) -> Instance:
         for inst in self.instances:
@@ -267,6 +297,35 @@ def _check_instances(cfg: ClusterConfig, file: str) -> None:
         raise SpecError(file, "instances", "exactly one router", names)
 
 
+def kv_chunk_bounds(cfg: ClusterConfig) -> tuple[int, int]:
+    """(largest real KV payload, largest frame) of the KV_CHUNKs this config makes:
+    ``prefill.kv_chunk_tokens`` tokens of the tiny model's KV, at their modeled size."""
+    m, n = cfg.model, cfg.prefill.kv_chunk_tokens
+    itemsize = 4 if m.dtype == "float32" else 8
+    real = 12 + 64 + n * (4 + 2 * m.n_layer * m.d_model * itemsize)  # ranges, KVCache header
+    frame = 29 + max(real, 12 + cfg.timing.modeled_kv_bytes(n))  # header, ranges, data + filler
+    return real, frame
+
+
+def frame_limit(cfg: ClusterConfig) -> int:
+    """``limits.max_frame_bytes``, or its auto value (0): max(64 MiB, 2 x largest KV_CHUNK)."""
+    return cfg.limits.max_frame_bytes or max(64 << 20, 2 * kv_chunk_bounds(cfg)[1])
+
+
+def _check_limits(cfg: ClusterConfig, file: str) -> None:
+    """The limits must let through the KV_CHUNKs this very config makes."""
+    real, frame = kv_chunk_bounds(cfg)
+    lim = cfg.limits
+    if real > lim.max_kv_payload_bytes:
+        raise SpecError(file, "limits.max_kv_payload_bytes", f">= {real} (the real KV of "
+                        f"{cfg.prefill.kv_chunk_tokens} tokens, prefill.kv_chunk_tokens)",
+                        lim.max_kv_payload_bytes)
+    if lim.max_frame_bytes and frame > lim.max_frame_bytes:
+        raise SpecError(file, "limits.max_frame_bytes", f">= {frame} (a KV_CHUNK of "
+                        f"{cfg.prefill.kv_chunk_tokens} tokens at its modeled size)",
+                        lim.max_frame_bytes)
+
+
 def parse_config(obj: Any, file: str = "<config>") -> ClusterConfig:
     """Validate a JSON object as a ``ClusterConfig``.
 
@@ -274,6 +333,7 @@ def parse_config(obj: Any, file: str = "<config>") -> ClusterConfig:
     """
     cfg = parse_section(ClusterConfig, obj, file, "")
     _check_instances(cfg, file)
+    _check_limits(cfg, file)
     return cfg
 
 

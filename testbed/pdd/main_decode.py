@@ -133,6 +133,9 @@ class MainDecodeNode(RoleServer):
     async def on_stop(self) -> None:
         await self.decoder.stop()
 
+    def active_requests(self) -> int:
+        return len(self.states)
+
     async def on_frame(self, peer: Peer, frame: Frame) -> None:
         rid, msg = frame.request_id, frame.message
         st = self.states.get(rid)
@@ -143,9 +146,13 @@ class MainDecodeNode(RoleServer):
         elif isinstance(msg, Cancel):
             await self._on_cancel(rid, st)
         elif st is None:
-            if isinstance(msg, Handoff) and rid not in self.cancelled:
+            if rid in self.cancelled:
+                return  # cancelled or finished meanwhile
+            if isinstance(msg, Handoff) and (rid in self.early or
+                                             len(self.early) < self.cfg.limits.max_requests):
                 self.early.setdefault(rid, []).append((peer, msg))
-            return  # otherwise: cancelled or finished meanwhile
+            else:
+                self.stray(peer, frame)
         elif isinstance(msg, KvChunk):
             self._on_chunk(st, msg)
         elif isinstance(msg, KvDone):

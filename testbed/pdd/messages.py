@@ -461,3 +461,14 @@ def decode_payload(msg_type: MsgType, payload: bytes | bytearray | memoryview,
     if filler:
         raise wire.fail(cls.MSG_TYPE, f"{filler} filler bytes; only KV_CHUNK carries filler")
     return cls.decode(bytes(payload))
+
+
+def fixed_payload_size(cls: type[Message]) -> int | None:
+    """The exact payload size of a fixed-layout message class (CANCEL: 0), else None.
+
+    >>> fixed_payload_size(KvDone), fixed_payload_size(Request)
+    (16, None)
+    """
+    if issubclass(cls, _Fixed):
+        return cls.LAYOUT.size
+    return 0 if cls is Cancel else None

@@ -25,15 +25,25 @@ from pathlib import Path
 from testbed.errors import SpecError, TestbedError
 from testbed.pdd.client import Client, load_requests, warmup_problems, write_records
 from testbed.pdd.cluster import ROLE_CLASSES
-from testbed.pdd.config import ClusterConfig, load_config
+from testbed.pdd.config import ClusterConfig, frame_limit, load_config
 from testbed.pdd.model import set_threads
-from testbed.pdd.transport import TcpTransport
+from testbed.pdd.transport import TcpOptions, TcpTransport
 from testbed.pdd.wire import Role
+
+
+def tcp_options(cfg: ClusterConfig) -> TcpOptions:
+    """The TCP options of a role process: its config's ``limits`` section."""
+    lim = cfg.limits
+    return TcpOptions(max_frame_bytes=frame_limit(cfg),
+                      max_bulk_payload_bytes=lim.max_kv_payload_bytes,
+                      max_control_payload_bytes=lim.max_control_payload_bytes,
+                      frame_timeout_s=lim.frame_timeout_s or None,
+                      max_connections=lim.max_connections)
 
 
 async def serve_role(cfg: ClusterConfig, name: str) -> None:
     """Run a server role until SIGTERM/SIGINT."""
-    node = ROLE_CLASSES[cfg.instance(name).role](cfg, name, TcpTransport())
+    node = ROLE_CLASSES[cfg.instance(name).role](cfg, name, TcpTransport(tcp_options(cfg)))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -53,7 +63,7 @@ async def run_client(cfg: ClusterConfig, name: str, workload: str, out: str) -> 
     warm = [r for r in requests if r.warmup]
     requests = [r for r in requests if not r.warmup]
     if warm:
-        records = await Client(cfg, TcpTransport(), name).run(warm)
+        records = await Client(cfg, TcpTransport(tcp_options(cfg)), name).run(warm)
         write_records(Path(out).with_name("warmup.jsonl"), records)
         if problems := warmup_problems(records):
             raise SystemExit("error: warm-up failed: " + "; ".join(problems))
@@ -65,7 +75,7 @@ async def run_client(cfg: ClusterConfig, name: str, workload: str, out: str) -> 
 
     print("ready", flush=True)
     try:
-        records = await Client(cfg, TcpTransport(), name, on_end).run(requests)
+        records = await Client(cfg, TcpTransport(tcp_options(cfg)), name, on_end).run(requests)
     finally:
         progress.close()
     write_records(out, records)

@@ -4,9 +4,14 @@ Owns ``Peer`` (a connection plus who is on the other end) and ``RoleServer``,
 the base class of P, RLD, MD and the router. Connection lifecycle:
 
 - inbound: the role listens on its instance's (host, port); the first frame
-  of every accepted connection must be HELLO (else ProtocolError: that
-  connection is closed, the role keeps serving); then each frame goes to
+  of every accepted connection must be HELLO, within ``limits.hello_timeout_s``
+  (the decoder refuses any other type as the first frame on its header; else
+  that connection is closed, the role keeps serving); then each frame goes to
   ``on_frame(peer, frame)``, one at a time per connection;
+- every REQUEST, whoever sends it, is checked against the model first
+  (``request_problem``: token ids in the vocabulary, prompt + max output
+  within the context); a bad one is answered with ERROR(PROTOCOL, reason)
+  and goes no further (``reject_request``);
 - outbound: ``await self.peer(name)`` connects to another instance of the
   cluster on first use (retrying for ``timing.connect_timeout_s``), sends
   HELLO and reads that connection's frames into ``on_frame`` as well;
@@ -31,7 +36,9 @@ from typing import ClassVar
 
 from testbed.errors import ProtocolError
 from testbed.pdd.config import ClusterConfig, Instance
-from testbed.pdd.protocol import Frame, Hello, Message, Role, frame_size
+from testbed.pdd.model import ModelConfig
+from testbed.pdd.protocol import (Error, ErrorCode, Frame, Hello, Message, MsgType, Request, Role,
+                                  frame_size)
 from testbed.pdd.transport import Connection, ConnectionClosed, Listener, Transport
 
 log = logging.getLogger(__name__)
@@ -57,6 +64,30 @@ class Peer:
             return False
 
 
+def request_problem(model: ModelConfig, req: Request) -> str | None:
+    """Why the tiny model cannot serve ``req``, or None.
+
+    >>> request_problem(ModelConfig(vocab_size=512, max_context=64), Request((1, 600), 4))
+    'prompt has token id 600, outside the vocabulary of 512'
+    """
+    n, out = len(req.prompt_token_ids), req.max_output_tokens
+    if n > model.max_context:
+        return f"prompt of {n} tokens exceeds the model's context of {model.max_context} tokens"
+    if out > model.max_context:
+        return (f"max_output_tokens {out} exceeds the model's context of "
+                f"{model.max_context} tokens")
+    if n + out > model.max_context:
+        return (f"prompt + max output ({n} + {out}) exceed the model's context of "
+                f"{model.max_context} tokens")
+    top = max(req.prompt_token_ids)
+    if top >= model.vocab_size:
+        return f"prompt has token id {top}, outside the vocabulary of {model.vocab_size}"
+    return None
+
+
+_STRAY_WARNINGS = 20  # stray frames logged as warnings per process; later ones at debug
+
+
 def frame_bytes(message: Message) -> int:
     """Bytes a frame carrying ``message`` takes on the wire (header + payload + filler)."""
     return frame_size(message)
@@ -78,7 +109,17 @@ class RoleServer:
         self._connecting: dict[str, asyncio.Future] = {}
         self._tasks: set[asyncio.Task] = set()
         self._stopped = False
-        self.router: Peer | None = None  # the router's inbound connection, once it greeted
+        self._routers: list[Peer] = []  # inbound connections greeting as the router, oldest first
+        self.stray_frames = 0  # frames about unknown requests (or unexpected), dropped
+        self.rejected_requests = 0  # REQUESTs answered with ERROR by request_problem
+
+    @property
+    def router(self) -> Peer | None:
+        """The router's connection: the newest live inbound one whose HELLO gave the role
+        ROUTER and the router instance's name (a restarted router greets again)."""
+        while self._routers and self._routers[-1].conn.closed:
+            self._routers.pop()
+        return self._routers[-1] if self._routers else None
 
     @property
     def address(self) -> tuple[str, int]:
@@ -115,6 +156,24 @@ class RoleServer:
 
     async def on_peer_lost(self, peer: Peer) -> None:
         """A connection ended (either direction)."""
+
+    def active_requests(self) -> int:
+        """Requests this role holds now (bounded by ``limits.max_requests``)."""
+        return 0
+
+    async def reject_request(self, peer: Peer, rid: int, why: str,
+                             code: ErrorCode = ErrorCode.PROTOCOL) -> None:
+        """Answer a REQUEST this role will not take (``request_problem``, or
+        ``limits.max_requests`` reached): ERROR with why."""
+        await peer.send(rid, Error(code, f"rejected: {why}"))
+
+    def stray(self, peer: Peer, frame: Frame, why: str = "unknown request") -> None:
+        """Log (the first ``_STRAY_WARNINGS`` as warnings) and count a dropped frame."""
+        self.stray_frames += 1
+        level = logging.WARNING if self.stray_frames <= _STRAY_WARNINGS else logging.DEBUG
+        log.log(level, "%s: dropped %s for request %d from %s: %s (%d dropped so far)",
+                self.name, frame.msg_type.name, frame.request_id, peer.name, why,
+                self.stray_frames)
 
     # -- helpers ---------------------------------------------------------------
     def spawn(self, coro: Coroutine, what: str) -> asyncio.Task:
@@ -179,19 +238,40 @@ class RoleServer:
                 await asyncio.sleep(0.05)
 
     async def _serve(self, conn: Connection) -> None:
-        first = await conn.recv()
-        if not isinstance(first.message, Hello):
+        conn.expect_first(frozenset({MsgType.HELLO}))  # no KV buffered for a stranger
+        timeout = self.cfg.limits.hello_timeout_s or None
+        try:
+            first = await asyncio.wait_for(conn.recv(), timeout)
+        except asyncio.TimeoutError:
+            raise ConnectionClosed(f"no HELLO from {conn.peer} within {timeout:g} s "
+                                   "(limits.hello_timeout_s)") from None
+        if not isinstance(first.message, Hello):  # expect_first lets nothing else through
             raise ProtocolError(f"first frame must be HELLO, got {first.msg_type.name}")
         hello = first.message
         peer = Peer(conn, hello.role, hello.name, outbound=False)
-        if hello.role == Role.ROUTER:
-            self.router = peer
+        routers = {i.name for i in self.cfg.of_role(Role.ROUTER)}
+        if hello.role == Role.ROUTER and hello.name in routers:
+            self._routers = [p for p in self._routers if not p.conn.closed] + [peer]
         await self._read_loop(peer)
+
+    def _refusal(self, req: Request) -> tuple[ErrorCode, str] | None:
+        if (why := request_problem(self.cfg.model, req)) is not None:
+            return ErrorCode.PROTOCOL, why
+        if (n := self.active_requests()) >= self.cfg.limits.max_requests:
+            return ErrorCode.OVERLOADED, f"{n} requests held (limits.max_requests)"
+        return None
 
     async def _read_loop(self, peer: Peer) -> None:
         try:
             while True:
                 frame = await peer.conn.recv()
+                if isinstance(frame.message, Request) and \
+                        (refusal := self._refusal(frame.message)) is not None:
+                    self.rejected_requests += 1
+                    log.warning("%s: request %d from %s rejected: %s", self.name,
+                                frame.request_id, peer.name, refusal[1])
+                    await self.reject_request(peer, frame.request_id, refusal[1], refusal[0])
+                    continue
                 await self.on_frame(peer, frame)
         except (ConnectionClosed, ProtocolError) as err:
             if not peer.outbound:

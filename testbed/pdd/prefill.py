@@ -109,11 +109,16 @@ class PrefillNode(RoleServer):
         self.warm([i.name for role in (Role.RELAY_DECODE, Role.MAIN_DECODE)
                    for i in self.cfg.of_role(role)])
 
+    def active_requests(self) -> int:
+        return len(self.jobs)
+
     async def on_frame(self, peer: Peer, frame: Frame) -> None:
         rid, msg = frame.request_id, frame.message
         job = self.jobs.get(rid)
         if peer.role == Role.ROUTER:
-            if isinstance(msg, Request):
+            if isinstance(msg, Request) and job is not None:
+                self.stray(peer, frame, "a second REQUEST for a request P holds")
+            elif isinstance(msg, Request):
                 job = PrefillJob(rid, msg, time.monotonic())
                 self.jobs[rid] = job
                 self._queue.put_nowait(job)
@@ -126,6 +131,8 @@ class PrefillNode(RoleServer):
             if job.need is not None and not job.need.done():
                 job.need.cancel()
         elif isinstance(msg, KvNeed):
+            if job is None:
+                self.stray(peer, frame)
             if job is None or job.cancelled or job.need is None:
                 await peer.send(rid, Cancel())
             elif not job.need.done():

@@ -32,7 +32,8 @@ CRC runs only over the payload's real bytes.
 
 The header has its own CRC so that a corrupted length is caught before the
 decoder waits for (or buffers) a payload that will never come. A decoder
-checks, in order: magic, version, header CRC, type, flags, length bound,
+checks, in order: magic, version, header CRC, type, flags, the length bounds
+of its type (``FrameLimits``),
 that only KV_CHUNK announces filler, the payload CRC (as soon as the payload
 is in), each filler byte (as it arrives), then that the payload decodes as
 its type. The first failure raises ``ProtocolError`` with the frame's stream
@@ -70,11 +71,12 @@ from testbed.pdd.messages import (
     Request,
     Tokens,
     decode_payload,
+    fixed_payload_size,
 )
 from testbed.pdd.wire import ErrorCode, FinishReason, MsgType, Role
 
 __all__ = [  # framing, plus the payload classes and wire enums it re-exports
-    "HEADER_SIZE", "MAGIC", "MAX_FRAME_BYTES", "VERSION", "Frame", "FrameDecoder",
+    "HEADER_SIZE", "MAGIC", "MAX_FRAME_BYTES", "VERSION", "Frame", "FrameDecoder", "FrameLimits",
     "FrameHeader", "decode_frame_body", "encode_frame", "encode_frame_parts", "filler_views",
     "frame_size", "parse_header",
     "MESSAGE_CLASSES", "Message", "decode_payload", "Cancel", "Done", "Error", "Handoff",
@@ -85,6 +87,8 @@ __all__ = [  # framing, plus the payload classes and wire enums it re-exports
 MAGIC = b"PD"
 VERSION = 2
 MAX_FRAME_BYTES = 64 * 1024 * 1024  # default bound on header + payload + filler
+MAX_BULK_PAYLOAD_BYTES = 32 * 1024 * 1024  # default bound on a KV_CHUNK's buffered real bytes
+MAX_CONTROL_PAYLOAD_BYTES = 1024 * 1024  # default bound on any other variable-size payload
 _PREFIX = struct.Struct("!2sBBBQIII")  # everything the header CRC covers
 _HEADER_CRC = struct.Struct("!I")
 HEADER_SIZE = _PREFIX.size + _HEADER_CRC.size  # 29
@@ -128,6 +132,63 @@ class FrameHeader:
     payload_len: int
     payload_crc: int
     filler_len: int = 0
+
+
+@dataclass(frozen=True)
+class FrameLimits:
+    """What a decoder accepts, by message type, checked on the header before anything
+    is reserved (``parse_header``):
+
+    - every frame: header + payload + filler <= ``max_frame_bytes``;
+    - a fixed-layout type (KV_DONE, HEALTH, CANCEL...): exactly its layout's size;
+    - KV_CHUNK (the one bulk type): payload (the real bytes, which are buffered)
+      <= ``max_bulk_payload_bytes``; its filler is checked and dropped, never buffered;
+    - any other type (HELLO, REQUEST, TOKENS, HANDOFF, ERROR, REPORT):
+      payload <= ``max_control_payload_bytes``;
+    - ``first_types``, when set: the stream's first frame must be one of these
+      (a connection must identify itself with HELLO before anything else is
+      buffered). ``check(..., first=True)`` applies it.
+
+    >>> FrameLimits().payload_limit(MsgType.HEALTH)
+    8
+    """
+
+    max_frame_bytes: int = MAX_FRAME_BYTES
+    max_bulk_payload_bytes: int = MAX_BULK_PAYLOAD_BYTES
+    max_control_payload_bytes: int = MAX_CONTROL_PAYLOAD_BYTES
+    first_types: frozenset[MsgType] | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_frame_bytes < HEADER_SIZE:
+            raise ValueError(f"max_frame_bytes must be >= {HEADER_SIZE}, "
+                             f"got {self.max_frame_bytes}")
+        for name in ("max_bulk_payload_bytes", "max_control_payload_bytes"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+
+    def payload_limit(self, msg_type: MsgType) -> int:
+        """The largest payload a ``msg_type`` frame may announce."""
+        cls = MESSAGE_CLASSES[msg_type]
+        if (size := fixed_payload_size(cls)) is not None:
+            return size
+        return self.max_bulk_payload_bytes if cls.BULK else self.max_control_payload_bytes
+
+    def check(self, msg_type: MsgType, length: int, filler: int, first: bool = False) -> None:
+        """ProtocolError if a ``msg_type`` header announcing these lengths is refused
+        (``first``: it is the stream's first frame)."""
+        if first and self.first_types is not None and msg_type not in self.first_types:
+            expected = " or ".join(sorted(t.name for t in self.first_types))
+            raise ProtocolError(f"{msg_type.name} as the first frame (expected {expected})")
+        if HEADER_SIZE + length + filler > self.max_frame_bytes:
+            raise ProtocolError(f"{msg_type.name} frame of {HEADER_SIZE + length + filler} bytes "
+                                f"exceeds max_frame_bytes={self.max_frame_bytes}")
+        if (size := fixed_payload_size(MESSAGE_CLASSES[msg_type])) is not None:
+            if length != size:
+                raise ProtocolError(f"{msg_type.name} frame announces a {length}-byte payload; "
+                                    f"its layout is exactly {size} bytes")
+        elif length > (limit := self.payload_limit(msg_type)):
+            raise ProtocolError(f"{msg_type.name} frame announces a {length}-byte payload; "
+                                f"at most {limit} accepted for this type")
 
 
 def filler_views(n: int) -> list[memoryview]:
@@ -191,8 +252,12 @@ def _check_magic_version(head: bytes | bytearray) -> None:
         raise ProtocolError(f"unsupported version {head[2]}, this side speaks {VERSION}")
 
 
-def parse_header(head: bytes | bytearray, max_frame_bytes: int = MAX_FRAME_BYTES) -> FrameHeader:
+def parse_header(head: bytes | bytearray, max_frame_bytes: int = MAX_FRAME_BYTES,
+                 limits: FrameLimits | None = None, first: bool = False) -> FrameHeader:
     """Validate the first ``HEADER_SIZE`` bytes of ``head``; ProtocolError says what is wrong.
+
+    ``limits`` (default: ``FrameLimits(max_frame_bytes)``) bounds the announced lengths
+    by message type.
 
     >>> parse_header(encode_frame(Frame(3, Cancel()))).request_id
     3
@@ -211,9 +276,7 @@ def parse_header(head: bytes | bytearray, max_frame_bytes: int = MAX_FRAME_BYTES
     msg_type = MsgType(type_byte)
     if flags != 0:
         raise ProtocolError(f"{msg_type.name} frame has reserved flags {flags:#04x} set")
-    if HEADER_SIZE + length + filler > max_frame_bytes:
-        raise ProtocolError(f"{msg_type.name} frame of {HEADER_SIZE + length + filler} bytes "
-                            f"exceeds max_frame_bytes={max_frame_bytes}")
+    (limits or FrameLimits(max_frame_bytes)).check(msg_type, length, filler, first)
     if filler and not MESSAGE_CLASSES[msg_type].BULK:
         raise ProtocolError(f"{msg_type.name} frame announces {filler} filler bytes; "
                             "only KV_CHUNK frames carry filler")
@@ -260,7 +323,11 @@ class FrameDecoder:
 
     ``feed`` keeps no reference to its argument (the caller may reuse the
     buffer): header and payload bytes are copied once, into the frame's own
-    buffer; filler bytes are checked in place and only counted.
+    buffer; filler bytes are checked in place and only counted. The lengths a
+    header announces are checked against ``limits`` (``FrameLimits``: by
+    message type) before anything is reserved, and the payload buffer grows
+    with the bytes that arrive, so a header announcing a large payload that
+    never comes costs nothing.
 
     >>> dec = FrameDecoder()
     >>> data = encode_frame(Frame(9, Health(nonce=1)))
@@ -268,17 +335,18 @@ class FrameDecoder:
     ([], [Frame(request_id=9, message=Health(nonce=1))])
     """
 
-    def __init__(self, max_frame_bytes: int = MAX_FRAME_BYTES):
+    def __init__(self, max_frame_bytes: int = MAX_FRAME_BYTES, limits: FrameLimits | None = None):
         if max_frame_bytes < HEADER_SIZE:
             raise ValueError(f"max_frame_bytes must be >= {HEADER_SIZE}, got {max_frame_bytes}")
-        self.max_frame_bytes = max_frame_bytes
+        self.limits = limits or FrameLimits(max_frame_bytes)
+        self.max_frame_bytes = self.limits.max_frame_bytes
         self.error: ProtocolError | None = None
         self.frames_decoded = 0
         self.filler_bytes = 0  # filler bytes checked and dropped, over the whole stream
         self._offset = 0  # stream offset of the current frame's first byte
         self._head = bytearray()  # header bytes of the current frame so far
         self._header: FrameHeader | None = None  # set once the header is complete
-        self._payload: bytearray | None = None  # allocated once the header is complete
+        self._payload: bytearray | None = None  # grows as payload bytes arrive
         self._got = 0  # payload bytes received
         self._filler_got = 0  # filler bytes received (checked, not kept)
 
@@ -333,14 +401,15 @@ class FrameDecoder:
             if len(self._head) < HEADER_SIZE:
                 _check_magic_version(self._head)
                 return None
-            self._header = parse_header(self._head, self.max_frame_bytes)
-            self._payload = bytearray(self._header.payload_len)
+            self._header = parse_header(self._head, limits=self.limits,
+                                        first=not self.frames_decoded)
+            self._payload = bytearray()  # nothing reserved for what has not arrived
             if not self._header.payload_len:
                 _check_payload_crc(self._header, self._payload)
         header, payload = self._header, self._payload
         take = min(header.payload_len - self._got, end - pos)
         if take:
-            payload[self._got: self._got + take] = view[pos: pos + take]
+            payload += view[pos: pos + take]
             self._got += take
             pos += take
             if self._got == header.payload_len:

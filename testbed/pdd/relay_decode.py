@@ -78,6 +78,9 @@ class RelayDecodeNode(RoleServer):
     async def on_stop(self) -> None:
         await self.decoder.stop()
 
+    def active_requests(self) -> int:
+        return len(self.states)
+
     def _state(self, rid: int) -> RelayState:
         if rid not in self.states:
             r = self.cfg.relay
@@ -90,7 +93,7 @@ class RelayDecodeNode(RoleServer):
         if peer.role == Role.ROUTER:
             await self._from_router(peer, rid, msg)
         elif peer.role == Role.PREFILL:
-            await self._from_prefill(rid, msg)
+            await self._from_prefill(peer, rid, msg)
         elif peer.role == Role.MAIN_DECODE:
             await self._from_md(peer, rid, msg)
 
@@ -108,7 +111,7 @@ class RelayDecodeNode(RoleServer):
             else:
                 await self._md_lost(st, msg.reason)
 
-    async def _from_prefill(self, rid: int, msg) -> None:
+    async def _from_prefill(self, peer: Peer, rid: int, msg) -> None:
         if rid in self.ended:
             return
         if isinstance(msg, Request):
@@ -117,7 +120,10 @@ class RelayDecodeNode(RoleServer):
             st.cache = self.model.new_cache(len(msg.prompt_token_ids) + msg.max_output_tokens)
             return
         st = self.states.get(rid)
-        if st is None or st.request is None:
+        if st is None:
+            self.stray(peer, Frame(rid, msg))
+            return
+        if st.request is None:
             return  # cancelled meanwhile
         if isinstance(msg, KvChunk):
             seg = decode_kv(msg.data)
@@ -149,6 +155,9 @@ class RelayDecodeNode(RoleServer):
             if isinstance(msg, KvReady):
                 await peer.send(rid, Cancel())
         elif isinstance(msg, KvReady):
+            if rid not in self.states and len(self.states) >= self.cfg.limits.max_requests:
+                self.stray(peer, Frame(rid, msg), "limits.max_requests reached")
+                return
             st = self._state(rid)
             st.md_peer = peer
             st.report["t_kv_ready_rel_s"] = time.monotonic() - st.t_first
@@ -156,6 +165,8 @@ class RelayDecodeNode(RoleServer):
         elif isinstance(msg, HandoffAck) and rid in self.states:
             st = self.states[rid]
             await self._send_batch(st, st.handoff.on_ack(msg.batch, msg.next_position))
+        else:
+            self.stray(peer, Frame(rid, msg))
 
     async def on_peer_lost(self, peer: Peer) -> None:
         if peer.role == Role.MAIN_DECODE:

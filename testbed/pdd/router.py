@@ -112,6 +112,7 @@ class RouterNode(RoleServer):
         self.requests: dict[int, Routed] = {}
         self._by_client: dict[tuple[int, int], Routed] = {}
         self._rids = itertools.count(1)
+        self._rid_high = 0  # the highest request id handed out so far
         self._rr = itertools.count()
         self.rld_active: dict[str, int] = {}
         self.dead: set[str] = set()
@@ -137,6 +138,10 @@ class RouterNode(RoleServer):
                     del self._pings[n]
             await asyncio.sleep(self.cfg.router.rtt_probe_interval_s)
 
+    def _new_rid(self) -> int:
+        self._rid_high = next(self._rids)
+        return self._rid_high
+
     def _pick(self, role: Role) -> str | None:
         live = [i.name for i in self.cfg.of_role(role) if i.name not in self.dead]
         return live[next(self._rr) % len(live)] if live else None
@@ -148,13 +153,19 @@ class RouterNode(RoleServer):
                 await self._route(peer, rid, msg)
             elif isinstance(msg, Cancel) and (peer_id := (id(peer), rid)) in self._by_client:
                 await self._end(self._by_client[peer_id], None)
-        elif peer.role in _ROLES and rid in self.requests:
+            elif not isinstance(msg, Cancel):
+                self.stray(peer, frame, "a client sends REQUEST and CANCEL only")
+        elif peer.role in _ROLES and peer.outbound and rid in self.requests:
             await self._from_role(peer, self.requests[rid], msg)
         elif isinstance(msg, HealthAck) and msg.nonce in self._pings:
             now = time.monotonic()
             self.wan.add_rtt_sample(now, now - self._pings.pop(msg.nonce))
         elif isinstance(msg, Report) and rid == 0 and peer.role == Role.MAIN_DECODE:
             self._on_wan_status(msg.data)
+        elif isinstance(msg, HealthAck) or 0 < rid <= self._rid_high:
+            pass  # a late answer to a forgotten probe, or a late frame of an ended request
+        else:
+            self.stray(peer, frame)
 
     def _on_wan_status(self, data: dict) -> None:
         """MD's WAN status: a capacity sample, and what each transfer still misses."""
@@ -167,21 +178,19 @@ class RouterNode(RoleServer):
             self._transfer_over(int(rid))
             self.wan.kv_done(int(rid), float(t_done))
 
-    def _invalid(self, req: Request) -> str | None:
-        """Why the tiny model cannot serve ``req`` (checked before routing), or None."""
-        m = self.cfg.model
-        if len(req.prompt_token_ids) + req.max_output_tokens > m.max_context:
-            return f"prompt + max output exceed the model's context of {m.max_context} tokens"
-        if max(req.prompt_token_ids) >= m.vocab_size:
-            return f"prompt has token ids >= the vocabulary size {m.vocab_size}"
-        return None
+    def active_requests(self) -> int:
+        return len(self.requests)
+
+    async def reject_request(self, peer: Peer, rid: int, why: str,
+                             code: ErrorCode = ErrorCode.PROTOCOL) -> None:
+        """A REQUEST refused before ``on_frame`` (``RoleServer._refusal``): the decision
+        record says why, then ERROR."""
+        if peer.role == Role.CLIENT:
+            info = {"pipeline": None, "reason": why, "roles": [], "mode": self.cfg.mode.value}
+            await peer.send(rid, Report(Role.ROUTER, self.name, info))
+        await super().reject_request(peer, rid, why, code)
 
     async def _route(self, client: Peer, client_rid: int, req: Request) -> None:
-        if (why := self._invalid(req)) is not None:
-            info = {"pipeline": None, "reason": why, "roles": [], "mode": self.cfg.mode.value}
-            await client.send(client_rid, Report(Role.ROUTER, self.name, info))
-            await client.send(client_rid, Error(ErrorCode.PROTOCOL, f"rejected: {why}"))
-            return
         names = {role: self._pick(role) for role in _ROLES}
         r, info = self._decide(client, client_rid, req, names)
         r.request = req
@@ -246,7 +255,7 @@ class RouterNode(RoleServer):
             involved.add(Role.RELAY_DECODE)
         if d.pipeline != Pipeline.RLD_ONLY:
             involved.add(Role.MAIN_DECODE)
-        r = Routed(next(self._rids), client, client_rid, d.pipeline,
+        r = Routed(self._new_rid(), client, client_rid, d.pipeline,
                    {role: names[role] for role in involved})
         if p_name is not None:
             self.p_free_at[p_name] = p_end
@@ -403,7 +412,7 @@ class RouterNode(RoleServer):
         p = self._pick(Role.PREFILL)
         decoder = Role.RELAY_DECODE if pipeline == Pipeline.RLD_ONLY else Role.MAIN_DECODE
         first = r.pipeline.value if not r.reserves else r.first_pipeline
-        r.rid, r.offset, r.reserves, r.first_pipeline = next(self._rids), d, r.reserves + 1, first
+        r.rid, r.offset, r.reserves, r.first_pipeline = self._new_rid(), d, r.reserves + 1, first
         r.pipeline, r.names, r.reports = pipeline, {Role.PREFILL: p, decoder: target}, set()
         r.rld_tokens, r.md_emitted, r.rld_freed = [], False, False
         r.md_lost_sent = r.recovered = False
@@ -460,8 +469,8 @@ class RouterNode(RoleServer):
             for r in [r for r in self.requests.values() if r.client is peer]:
                 await self._end(r, None)
             return
-        if peer.role not in _ROLES:
-            return
+        if peer.role not in _ROLES or not peer.outbound:
+            return  # the router's links to roles are its own; an inbound "role" is a stranger
         if peer.name not in self.dead:
             self.spawn(self._revive(peer.name, peer.role), f"revive {peer.name}")
         self.dead.add(peer.name)

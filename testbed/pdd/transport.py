@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import dataclasses
 import logging
 import socket
 from collections import deque
@@ -29,8 +30,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from testbed.errors import ProtocolError, TestbedError
-from testbed.pdd.protocol import (MAX_FRAME_BYTES, Buffer, Frame, FrameDecoder,
-                                  encode_frame_parts, filler_views)
+from testbed.pdd.protocol import (MAX_BULK_PAYLOAD_BYTES, MAX_CONTROL_PAYLOAD_BYTES,
+                                  MAX_FRAME_BYTES, Buffer, Frame, FrameDecoder, FrameLimits,
+                                  MsgType, encode_frame_parts, filler_views)
 from testbed.pdd.tcp_stream import TcpStream
 
 log = logging.getLogger(__name__)
@@ -57,14 +59,18 @@ class Connection(abc.ABC):
     ...     return await conn.recv()
     """
 
-    def __init__(self, peer: str, max_frame_bytes: int = MAX_FRAME_BYTES):
+    def __init__(self, peer: str, max_frame_bytes: int = MAX_FRAME_BYTES,
+                 limits: FrameLimits | None = None, frame_timeout_s: float | None = None):
         self.peer = peer
-        self.max_frame_bytes = max_frame_bytes
+        self.limits = limits or FrameLimits(max_frame_bytes)
+        self.max_frame_bytes = self.limits.max_frame_bytes
+        self.frame_timeout_s = frame_timeout_s  # None: a frame may take forever to arrive
         self.bytes_sent = 0
         self.bytes_received = 0
         self.frames_sent = 0
         self.frames_received = 0
-        self._decoder = FrameDecoder(max_frame_bytes)
+        self._decoder = FrameDecoder(limits=self.limits)
+        self._frame_waited = 0.0  # time recv waited for the current, incomplete frame
         self._frames: deque[Frame] = deque()
         self._send_lock = asyncio.Lock()
         self._closed = False
@@ -94,15 +100,38 @@ class Connection(abc.ABC):
                 raise ConnectionClosed(f"sending to {self.peer}: {err}") from err
             self.bytes_sent += sum(len(p) for p in parts) + filler
 
+    def expect_first(self, types: frozenset[MsgType]) -> None:
+        """The first frame received must be of one of ``types`` (call before any recv)."""
+        self.limits = dataclasses.replace(self.limits, first_types=types)
+        self._decoder.limits = self.limits
+
+    async def _read_bounded(self) -> bytes:
+        """``_read``, but ProtocolError once a started frame has been waited for longer
+        than ``frame_timeout_s`` in all (time spent outside ``recv`` does not count)."""
+        if self.frame_timeout_s is None or not self._decoder.buffered:
+            self._frame_waited = 0.0
+            return await self._read()
+        loop = asyncio.get_running_loop()
+        left, t0 = self.frame_timeout_s - self._frame_waited, loop.time()
+        try:
+            return await asyncio.wait_for(self._read(), max(left, 0.0))
+        except asyncio.TimeoutError:
+            raise ProtocolError(f"incomplete frame from {self.peer}: "
+                                f"{self._decoder.buffered} bytes, the rest not in "
+                                f"{self.frame_timeout_s:g} s (frame_timeout_s)") from None
+        finally:
+            self._frame_waited += loop.time() - t0
+
     async def recv(self) -> Frame:
-        """The next frame; ConnectionClosed at the end, ProtocolError on a bad frame."""
+        """The next frame; ConnectionClosed at the end, ProtocolError on a bad frame
+        (or on a frame not complete within ``frame_timeout_s``)."""
         while not self._frames:
             if self._decoder.error is not None:
                 raise self._decoder.error
             if self._closed:
                 raise ConnectionClosed(f"connection to {self.peer} is closed")
             try:
-                chunk = await self._read()
+                chunk = await self._read_bounded()
             except OSError as err:
                 raise ConnectionClosed(f"receiving from {self.peer}: {err}") from err
             if self._closed:
@@ -111,7 +140,10 @@ class Connection(abc.ABC):
                 self._decoder.eof()  # raises ProtocolError if the peer stopped mid-frame
                 raise ConnectionClosed(f"{self.peer} closed the connection")
             self.bytes_received += len(chunk)
+            before = self._decoder.frames_decoded
             self._frames.extend(self._decoder.feed(chunk))
+            if self._decoder.frames_decoded != before:
+                self._frame_waited = 0.0  # a new frame started within this chunk
         self.frames_received += 1
         return self._frames.popleft()
 
@@ -150,8 +182,10 @@ class Connection(abc.ABC):
 class Listener(abc.ABC):
     """A bound server; ``close()`` stops accepting and closes its live connections."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_connections: int | None = None) -> None:
         self.connections: set[Connection] = set()
+        self.max_connections = max_connections  # None: no cap
+        self.refused = 0  # connections closed at once because the cap was reached
 
     @property
     @abc.abstractmethod
@@ -191,7 +225,20 @@ class Transport(abc.ABC):
 
 
 async def run_handler(listener: Listener, conn: Connection, handler: Handler) -> None:
-    """Run one server-side connection: the handler's errors close it, never the server."""
+    """Run one server-side connection: the handler's errors close it, never the server.
+
+    Over the listener's ``max_connections`` a new connection is closed at once (logged).
+    """
+    cap = listener.max_connections
+    if cap is not None and len(listener.connections) >= cap:
+        listener.refused += 1
+        if listener.refused == 1 or listener.refused % 100 == 0:
+            log.warning("refusing connection from %s: %d connections open (max_connections); "
+                        "%d refused so far", conn.peer, len(listener.connections),
+                        listener.refused)
+        conn.close()
+        await conn.wait_closed()
+        return
     listener.connections.add(conn)
     try:
         await handler(conn)
@@ -212,6 +259,10 @@ class TcpOptions:
     """Socket settings of a TCP connection or listener."""
 
     max_frame_bytes: int = MAX_FRAME_BYTES  # bound on one frame, both directions
+    max_bulk_payload_bytes: int = MAX_BULK_PAYLOAD_BYTES  # KV_CHUNK real bytes received
+    max_control_payload_bytes: int = MAX_CONTROL_PAYLOAD_BYTES  # other types' payloads received
+    frame_timeout_s: float | None = None  # a started frame must be complete within this
+    max_connections: int | None = None  # a listener closes connections beyond this many
     nodelay: bool = True  # TCP_NODELAY: no Nagle delay on small frames (TOKENS)
     sndbuf_bytes: int | None = None  # SO_SNDBUF; None keeps the kernel's autotuning
     rcvbuf_bytes: int | None = None  # SO_RCVBUF, set before connect/listen (window scale)
@@ -223,6 +274,11 @@ class TcpOptions:
     # the next (measured: a 27 MB transfer waited 0.7 s behind a 700 MB one), so
     # P's chunk-by-chunk interleaving of concurrent transfers had no effect.
     notsent_lowat_bytes: int | None = 256 << 10
+
+    @property
+    def limits(self) -> FrameLimits:
+        return FrameLimits(self.max_frame_bytes, self.max_bulk_payload_bytes,
+                           self.max_control_payload_bytes)
 
 
 def _apply_buffer_sizes(sock: socket.socket, options: TcpOptions) -> None:
@@ -238,7 +294,8 @@ class TcpConnection(Connection):
     def __init__(self, stream: TcpStream, options: TcpOptions):
         transport = stream.transport
         peer = transport.get_extra_info("peername")
-        super().__init__(f"{peer[0]}:{peer[1]}" if peer else "?", options.max_frame_bytes)
+        super().__init__(f"{peer[0]}:{peer[1]}" if peer else "?", limits=options.limits,
+                         frame_timeout_s=options.frame_timeout_s)
         self._stream, self._transport = stream, transport
         sock = transport.get_extra_info("socket")
         if sock is not None:
@@ -275,7 +332,7 @@ class TcpListener(Listener):
     """A ``Listener`` around an ``asyncio.Server``; runs one handler task per connection."""
 
     def __init__(self, handler: Handler, options: TcpOptions):
-        super().__init__()
+        super().__init__(options.max_connections)
         self._handler, self._options = handler, options
         self._server: asyncio.Server | None = None
         self._address: tuple[str, int] = ("", 0)  # kept after close()

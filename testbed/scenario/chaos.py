@@ -1,0 +1,217 @@
+"""``testbed bench chaos``: a kill campaign against the runner and the roles.
+
+Each cycle snapshots what exists (``take_snapshot``: root-namespace
+interfaces, network namespaces, processes, the entries of the testbed's
+state folder), starts ``testbed run`` on a short scenario
+(tests/chaos/chaos-tiny.yaml by default), SIGKILLs at a seeded random moment
+either the runner (even cycles) or one of its role processes picked at
+random (odd cycles; the role is found in the run's state file), waits for
+the runner to end, runs ``testbed clean``, snapshots again and reports
+everything the cycle left (``leftovers``): every interface, namespace and
+state entry that is new by exact name, and every new process that belongs
+to the cycle (its command line names the cycle's run folder, or it sits in
+a network namespace the cycle made). Nothing is removed here: a leftover
+stays for the operator to see (``testbed clean`` is what must remove it).
+
+Needs root (the runner builds the network). Result (JSON): seed, cycles,
+scenario, one entry per cycle (what was killed, when, exit codes, its
+leftovers) and ``leftovers_total``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from testbed.net import naming
+
+DEFAULT_SCENARIO = Path(__file__).resolve().parents[2] / "tests" / "chaos" / "chaos-tiny.yaml"
+ROLE_WHATS = ("prefill ", "relay_decode ", "main_decode ", "router ")
+
+
+@dataclass(frozen=True)
+class Process:
+    pid: int
+    start: int | None  # start time in clock ticks since boot (pid reuse guard)
+    cmdline: str
+    netns: str  # "net:[inode]" or "" if unreadable
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What exists on the machine that a testbed run could leave behind."""
+
+    links: frozenset[str] = frozenset()  # root-namespace interfaces, by name
+    netns: frozenset[str] = frozenset()  # "net:[inode]" of any process, "netns:NAME" of /run/netns
+    processes: tuple[Process, ...] = ()
+    state: frozenset[str] = frozenset()  # paths under naming.STATE_DIR, relative
+
+    def process_keys(self) -> set[tuple[int, int | None]]:
+        return {(p.pid, p.start) for p in self.processes}
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, "rb") as f:
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def take_snapshot(proc: Path = Path("/proc"), sys_net: Path = Path("/sys/class/net"),
+                  run_netns: Path = Path("/run/netns"),
+                  state_dir: Path | None = None) -> Snapshot:
+    """The machine's interfaces, namespaces, processes and testbed state entries now."""
+    state_dir = naming.STATE_DIR if state_dir is None else state_dir
+    links = frozenset(p.name for p in sys_net.iterdir()) if sys_net.is_dir() else frozenset()
+    procs, netns = [], set()
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        try:
+            ns = os.readlink(entry / "ns" / "net")
+        except OSError:
+            ns = ""
+        cmd = _read(str(entry / "cmdline")).replace("\0", " ").strip()
+        if not cmd and not ns:
+            continue  # gone meanwhile, or a kernel thread we cannot read
+        procs.append(Process(pid, naming.pid_start_time(pid), cmd, ns))
+        if ns:
+            netns.add(ns)
+    if run_netns.is_dir():
+        netns |= {f"netns:{p.name}" for p in run_netns.iterdir()}
+    state = frozenset(str(p.relative_to(state_dir)) for p in state_dir.rglob("*")) \
+        if state_dir.is_dir() else frozenset()
+    return Snapshot(links, frozenset(netns), tuple(procs), state)
+
+
+def leftovers(before: Snapshot, after: Snapshot, marker: str) -> list[str]:
+    """What the cycle left: every interface, namespace and state entry in ``after`` but not
+    in ``before`` (by exact name), and every process new since ``before`` whose command
+    line contains ``marker`` (the cycle's run folder) or that sits in a new namespace.
+
+    >>> a = Snapshot(links=frozenset({"lo", "eth0"}))
+    >>> leftovers(a, Snapshot(links=frozenset({"lo", "eth0", "tb12absa"})), "/runs/c0")
+    ['interface tb12absa']
+    """
+    new_ns = after.netns - before.netns
+    old = before.process_keys()
+    out = [f"interface {n}" for n in sorted(after.links - before.links)]
+    for ns in sorted(new_ns):
+        holders = [p.pid for p in after.processes if p.netns == ns]
+        out.append(f"network namespace {ns}" + (f" (held by pids {holders})" if holders else ""))
+    for p in after.processes:
+        if (p.pid, p.start) in old:
+            continue
+        if (marker and marker in p.cmdline) or p.netns in new_ns:
+            out.append(f"process {p.pid} ({p.cmdline[:120]})")
+    out += [f"state {naming.STATE_DIR / s}" for s in sorted(after.state - before.state)]
+    return out
+
+
+def role_pids(state_dir: Path, owner_pid: int) -> list[tuple[int, int | None, str]]:
+    """(pid, start, what) of the role processes the run owned by ``owner_pid`` recorded."""
+    out = []
+    for path in sorted(state_dir.glob("tb*.json")) if state_dir.is_dir() else ():
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if record.get("owner_pid") != owner_pid:
+            continue
+        out += [(p["pid"], p.get("start"), p["what"]) for p in record.get("processes", [])
+                if str(p.get("what", "")).startswith(ROLE_WHATS)]
+    return out
+
+
+def _testbed_argv() -> list[str]:
+    script = Path(sys.executable).parent / "testbed"
+    if script.exists():
+        return [str(script)]
+    return [sys.executable, "-c", "import sys; from testbed.cli import main; sys.exit(main())"]
+
+
+@dataclass
+class CycleResult:
+    cycle: int
+    target: str  # "runner" or "role"
+    at_s: float  # the seeded moment after the runner's start
+    killed: str = ""  # what was SIGKILLed ("" if the run ended first)
+    runner_exit: int | None = None
+    clean_exit: int | None = None
+    clean_output: str = ""
+    leftovers: list[str] = field(default_factory=list)
+
+
+def run_cycle(i: int, rng: random.Random, scenario: Path, work: Path, window_s: float,
+              runner_timeout_s: float = 300.0) -> CycleResult:
+    """One cycle (see the module docstring)."""
+    target = "runner" if i % 2 == 0 else "role"
+    res = CycleResult(i, target, round(rng.uniform(0.5, window_s), 3))
+    pick = rng.random()  # which role, drawn now so the sequence does not depend on timing
+    out = work / f"cycle-{i:03d}"
+    before = take_snapshot()
+    log = open(work / f"cycle-{i:03d}.log", "wb")
+    runner = subprocess.Popen(_testbed_argv() + ["run", str(scenario), "--out", str(out)],
+                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    t0 = time.monotonic()
+    try:
+        while runner.poll() is None and time.monotonic() - t0 < res.at_s:
+            time.sleep(0.02)
+        if runner.poll() is None:
+            if target == "runner":
+                os.kill(runner.pid, signal.SIGKILL)
+                res.killed = f"runner pid {runner.pid}"
+            else:
+                roles = role_pids(naming.STATE_DIR, runner.pid)
+                if roles:
+                    pid, start, what = roles[int(pick * len(roles))]
+                    if naming.pid_start_time(pid) == start:
+                        os.kill(pid, signal.SIGKILL)
+                        res.killed = f"{what} pid {pid}"
+        try:
+            res.runner_exit = runner.wait(runner_timeout_s)
+        except subprocess.TimeoutExpired:
+            os.kill(runner.pid, signal.SIGKILL)
+            res.runner_exit = runner.wait()
+            res.killed += f"; runner hung past {runner_timeout_s:g} s, SIGKILLed"
+    finally:
+        log.close()
+    clean = subprocess.run(_testbed_argv() + ["clean"], capture_output=True, text=True,
+                           timeout=120)
+    res.clean_exit, res.clean_output = clean.returncode, (clean.stdout + clean.stderr).strip()
+    deadline = time.monotonic() + 5.0
+    while True:  # killed processes may take a moment to be reaped
+        res.leftovers = leftovers(before, take_snapshot(), str(out))
+        if not res.leftovers or time.monotonic() > deadline:
+            return res
+        time.sleep(0.2)
+
+
+def run_chaos(cycles: int, seed: int, scenario: Path | None = None,
+              window_s: float = 25.0, work: Path | None = None) -> dict:
+    """``cycles`` kill cycles; the JSON-ready result."""
+    scenario = Path(scenario or DEFAULT_SCENARIO)
+    work = Path(work or tempfile.mkdtemp(prefix="testbed-chaos-"))
+    work.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(seed)
+    results = []
+    for i in range(cycles):
+        res = run_cycle(i, rng, scenario, work, window_s)
+        results.append(res)
+        print(f"chaos: cycle {i}: {res.target} at {res.at_s:g} s: killed "
+              f"{res.killed or 'nothing (the run ended first)'}; runner exit {res.runner_exit}, "
+              f"clean exit {res.clean_exit}; {len(res.leftovers)} leftovers", file=sys.stderr)
+    return {"seed": seed, "cycles": cycles, "scenario": str(scenario), "work_dir": str(work),
+            "window_s": window_s,
+            "results": [vars(r) for r in results],
+            "leftovers_total": sum(len(r.leftovers) for r in results)}
