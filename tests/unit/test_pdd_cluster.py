@@ -38,33 +38,52 @@ def test_every_token_equals_a_single_process_greedy_decode(mode, handoff_mode):
 @pytest.mark.parametrize("mode, handoff_mode", CASES)
 def test_producers_follow_the_pipeline(mode, handoff_mode):
     records = records_of(mode, handoff_mode)
-    assert [r["pipeline"] for r in records] == EXPECTED[mode]
+    pipelines = [r["pipeline"] for r in records]
+    if mode == "pdd":
+        # Decided from the config alone: request 0 meets the router's prior with nothing
+        # ahead (predicted 0.21 s > 0.19 s: relay), request 3 is anomalous. The others'
+        # routes depend on how much of the earlier KV is still on the real-time fake WAN
+        # when they arrive, i.e. on the machine's speed: the rule that decides them is
+        # tested without a clock in test_pdd_routing.py and test_wan_model.py.
+        assert pipelines[0] == "p-rld-md" and pipelines[3] == "rld-only", pipelines
+        assert set(pipelines) <= {"p-md", "p-rld-md", "rld-only"}, pipelines
+    else:
+        assert pipelines == EXPECTED[mode]
     for r in records:
         who = producers(r)
         if r["pipeline"] == "p-md":
             assert set(who) == {"MD"}
         elif r["pipeline"] == "rld-only":
             assert set(who) == {"RLD"} and r["bytes"]["kv_wan"] == 0
+        elif r["handoff"]["tokens"] == 0:  # RLD reached the last token before MD had the KV
+            assert set(who) == {"RLD"}
         else:  # RLD's eager tokens are a prefix, MD's the rest
             m = r["handoff"]["tokens"]
             assert 0 < m < len(who) and who == ["RLD"] * m + ["MD"] * (len(who) - m)
 
 
-@pytest.mark.parametrize("handoff_mode, min_batches", [("one-shot", 1), ("catch-up", 2)])
-def test_handoff_batches_follow_the_handoff_mode(handoff_mode, min_batches):
+@pytest.mark.parametrize("handoff_mode", ["one-shot", "catch-up"])
+def test_handoff_batches_follow_the_handoff_mode(handoff_mode):
     relayed = [r for r in records_of("pdd", handoff_mode) if r["pipeline"] == "p-rld-md"]
+    assert relayed
+    threshold = small_config().relay.catchup_threshold
     for r in relayed:
         assert r["handoff"]["mode"] == handoff_mode
-        assert r["handoff"]["batches"] >= min_batches
-        if handoff_mode == "one-shot":
+        if handoff_mode == "one-shot" or r["handoff"]["tokens"] == 0:
             assert r["handoff"]["batches"] == 1
-        assert r["reports"]["MD"]["handoff_mismatches"] == 0
+        elif r["handoff"]["tokens"] > threshold:  # catch-up: a first batch, then the rest
+            assert r["handoff"]["batches"] >= 2, r["handoff"]
+        else:
+            assert r["handoff"]["batches"] >= 1
+        if r["handoff"]["tokens"]:
+            assert r["reports"]["MD"]["handoff_mismatches"] == 0
 
 
 @pytest.mark.parametrize("handoff_mode", ["one-shot", "catch-up"])
 def test_relayed_ttft_is_far_below_the_wan_kv_transfer(handoff_mode):
     records = records_of("pdd", handoff_mode)
-    relayed = [r for r in records if r["pipeline"] == "p-rld-md"]
+    relayed = [r for r in records if r["pipeline"] == "p-rld-md" and "MD" in r["reports"]]
+    assert relayed
     cross = records_of("cross-dc-pd", "catch-up")
     for r in relayed:
         # P -> MD: REQUEST crosses (50 ms), then KV_NEED sent -> last KV byte at MD
@@ -94,11 +113,14 @@ def test_md_receives_only_what_its_drc_lacks():
 @pytest.mark.parametrize("handoff_mode", ["one-shot", "catch-up"])
 def test_handoff_frames_carry_token_ids_only(handoff_mode):
     kv_per_token = small_config().timing.modeled_kv_bytes(1)  # 5000 B on the wire
-    for r in records_of("pdd", handoff_mode):
-        if r["pipeline"] == "p-rld-md":
-            per_token = r["bytes"]["handoff"] / r["handoff"]["tokens"]
-            assert per_token < 8  # 4-byte ids + one 38-byte frame head per batch
-            assert per_token < kv_per_token / 500
+    relayed = [r for r in records_of("pdd", handoff_mode)
+               if r["pipeline"] == "p-rld-md" and r["handoff"]["tokens"] > 0]
+    assert relayed  # request 0 at least: 100 tokens, MD takes over
+    for r in relayed:
+        n, batches = r["handoff"]["tokens"], r["handoff"]["batches"]
+        # 4-byte ids plus a frame head (< 64 B) per batch; KV would be 5000 B a token
+        assert r["bytes"]["handoff"] <= 4 * n + 64 * batches, r["handoff"]
+        assert r["bytes"]["handoff"] < n * kv_per_token / 100
 
 
 def test_the_anomalous_request_never_crosses_the_wan():
