@@ -217,8 +217,8 @@ def claim_bathtub(runs, bench) -> Claim:
     tub = benefits[0] > benefits[low] and benefits[-1] > benefits[low]
     measured = ", ".join(f"{h:.0f}%: {b:+.0f}% (n={n})" for h, b, n in pts)
     why = (f"ends {benefits[0]:+.0f}% and {benefits[-1]:+.0f}%, lowest inside {benefits[low]:+.0f}%"
-           f" at {pts[low][0]:.0f}%" + ("" if tub else ": no valley, the benefit falls with the "
-                                            "hit rate (nothing to hide when the KV is small)"))
+           f" at {pts[low][0]:.0f}%" + ("" if tub else ": no valley (an end is not above the "
+                                            "lowest inner bin)"))
     note = "benefit = 1 - mean TTFT(pdd) / mean TTFT(cross-dc-pd) per bin" + (
         "; headline requests binned by designed hit rate, paired by id"
         if source == "headline" else "")
