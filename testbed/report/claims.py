@@ -30,8 +30,7 @@ from dataclasses import dataclass, field
 from statistics import mean, median
 from typing import Callable, Mapping, Sequence
 
-from testbed.report.metrics import (Sla, completed, is_relayed, percentile, producer_of,
-                                    tpot_ms, within_sla)
+from testbed.report.metrics import completed, is_relayed, percentile, producer_of
 from testbed.report.rundir import ModeData, RunData
 
 ORDER = 0.5  # decades: "same order of magnitude"

@@ -16,7 +16,7 @@ from testbed.report.claims import (DIFFERS, NOT_HERE, REPRODUCED, Claim, _fmt, _
                                    _span_s, change_pct, change_verdict, conditions, kind_of,
                                    pdd_settings)
 from testbed.report.metrics import (Sla, completed, goodput_rps, percentile, producer_of,
-                                    tpot_ms, within_sla, workload_window)
+                                    tpot_ms, workload_window)
 from testbed.report.rundir import ModeData, RunData
 
 HIT_BINS = ((0, 90), (90, 95), (95, 96), (96, 97), (97, 98), (98, 99), (99, 100))  # the paper's
