@@ -251,8 +251,14 @@ def reproduce(out: Path, quick: bool, run_fn: RunFn | None, bench_fn: BenchFn | 
         if run_fn is None:
             raise TestbedError("reproduce: nothing to run with and no --from-runs")
         kind = "quick" if quick else "full"
-        meta["runs"] = run_slots(QUICK if quick else FULL, out, run_fn, bench_fn,
-                                 BENCH_TRIALS[kind])
+        try:
+            meta["runs"] = run_slots(QUICK if quick else FULL, out, run_fn, bench_fn,
+                                     BENCH_TRIALS[kind])
+        except KeyboardInterrupt:  # keep what finished: the table of the runs so far
+            meta["interrupted"] = True
+            meta["wall_s"] = round(time.monotonic() - t0, 1)
+            write_outputs(out, build_table(out, capacity), meta)
+            raise
     table = build_table(from_runs or out, capacity)
     meta["wall_s"] = round(time.monotonic() - t0, 1)
     write_outputs(out, table, meta)

@@ -309,6 +309,19 @@ def test_run_slots_records_a_failed_run_and_goes_on(tmp_path):
     assert json.loads((tmp_path / BENCH_FILE).read_text())["incremental_kv"]["n"] == 10
 
 
+def test_an_interrupted_reproduction_keeps_the_table_of_what_finished(tmp_path):
+    def run_fn(scenario: Path, out: Path) -> None:
+        if out.name != "headline":
+            raise KeyboardInterrupt
+        headline(out.parent, prld_e2e_extra=0.2)
+
+    with pytest.raises(KeyboardInterrupt):
+        reproduce(tmp_path, True, run_fn, None)
+    doc = json.loads((tmp_path / "reproduction.json").read_text())
+    assert doc["interrupted"] and doc["slots"] == ["headline"]
+    assert doc["claims"][0]["verdict"] == REPRODUCED
+
+
 def test_reproduce_needs_a_runner_or_runs(tmp_path):
     with pytest.raises(Exception, match="nothing to run"):
         reproduce(tmp_path, True, None, None)
