@@ -253,7 +253,7 @@ def parse_capacity_config(data: object, file: str) -> CapacityConfig:
         wan_price = p.num("wan_line", wan_price, lo=0)
         p.done()
     goodput = f.raw("goodput_ratio", d.goodput_ratio)
-    if goodput is not None:
+    if f.has("goodput_ratio") and goodput is not None:  # null: cost only, no BCR
         goodput = f.num("goodput_ratio", lo=0, lo_open=True)
     cfg = CapacityConfig(wl, chip_a, chip_b, f.int("n_chips", d.n_chips, lo=1), prices_b,
                          price_a, wan_price,

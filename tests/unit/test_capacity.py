@@ -102,6 +102,10 @@ def test_yaml_config_and_its_errors():
                                  "goodput_ratio": None}, "c.yaml")
     assert cfg.workload.hit_rate == 0.8 and cfg.chip_b.mem_bw_tbs == 8.0
     assert cfg.gpu_b_prices == (1.5,) and cfg.goodput_ratio is None
+    assert parse_capacity_config({"prices": {"gpu_b": [1.2, 1.5]}}, "c.yaml").goodput_ratio \
+        == CapacityConfig().goodput_ratio  # left out: the default
+    with pytest.raises(SpecError, match=r"goodput_ratio"):
+        parse_capacity_config({"goodput_ratio": 0}, "c.yaml")
     with pytest.raises(SpecError, match=r"c.yaml: workload.hit_rat"):
         parse_capacity_config({"workload": {"hit_rat": 0.8}}, "c.yaml")
     with pytest.raises(SpecError, match=r"prices.gpu_b"):
