@@ -185,6 +185,46 @@ def cmd_compare(args) -> int:
     return 0
 
 
+def cmd_reproduce(args) -> int:
+    """The paper's claims: run their scenarios (or read --from-runs), write the table."""
+    from pathlib import Path
+
+    from testbed.report.capacity import load_capacity_config
+    from testbed.report.reproduce import format_summary, reproduce
+
+    run_fn = bench_fn = None
+    if not args.from_runs:
+        from dataclasses import replace
+
+        from testbed.pdd.bench import run_handoff_bench
+        from testbed.scenario.runner import run_scenario
+        from testbed.spec.scenario import load_scenario
+        from testbed.spec.topology import load_topology
+
+        opts = _run_options(args, Path(args.out))
+
+        def run_fn(scenario: Path, out: Path) -> None:
+            run_scenario(load_scenario(scenario), replace(opts, out_dir=out))
+
+        def bench_fn(trials: int) -> dict:
+            return run_handoff_bench(load_topology(DEFAULT_TOPOLOGY), _backend(args.backend),
+                                     args.scale, trials)
+    doc = reproduce(Path(args.out), args.quick, run_fn, bench_fn,
+                    Path(args.from_runs) if args.from_runs else None,
+                    load_capacity_config(args.capacity), " ".join(["testbed"] + sys.argv[1:]))
+    print(format_summary(doc))
+    print(f"table: {Path(args.out) / 'reproduction.md'}")
+    return 1 if any(r.get("error") for r in (doc.get("runs") or {}).values()) else 0
+
+
+def cmd_capacity(args) -> int:
+    from testbed.report.capacity import format_plan, load_capacity_config, plan
+
+    out = plan(load_capacity_config(args.config))
+    print(json.dumps(out, indent=1) if args.json else format_plan(out))
+    return 0
+
+
 def cmd_bench_fuzz(args) -> int:
     from pathlib import Path
 
@@ -386,6 +426,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="leave this scenario out (repeatable)")
     _run_args(p)
     p.set_defaults(func=cmd_suite)
+    p = sub.add_parser("reproduce", help="the paper's claims side by side with measured "
+                       "figures: reproduction.md/.json (runs its scenarios, or --from-runs)")
+    p.add_argument("--out", required=True, help="folder: a run directory per slot + the table")
+    p.add_argument("--quick", action="store_true", help="the short set (~15 min on 2 cores)")
+    p.add_argument("--from-runs", metavar="DIR", help="build the table from DIR's run "
+                   "directories (DIR/SLOT, DIR/handoff-bench.json); run nothing")
+    p.add_argument("--capacity", metavar="YAML", help="claim 7's prices/chips (testbed capacity)")
+    _run_args(p)
+    p.set_defaults(func=cmd_reproduce)
+    p = sub.add_parser("capacity", help="capacity plan: PDD vs same-DC PD fleets, cost, BCR "
+                       "(cost model; prices and chips from an optional YAML)")
+    p.add_argument("--config", metavar="YAML", help="see testbed/report/capacity.py")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_capacity)
     p = sub.add_parser("report", help="re-render summary.json, report.md and plots")
     p.add_argument("run_dir")
     p.set_defaults(func=cmd_report)

@@ -1,0 +1,314 @@
+"""Claims 6-11: goodput, BCR, p-rld's collapse, the bathtub, the filter, the handoff modes.
+
+The rest of testbed.report.claims (same Claim, verdict rules, conditions);
+split off by size. Each function takes the loaded runs by slot and the
+handoff bench's JSON and returns one Claim. Pure.
+"""
+
+from __future__ import annotations
+
+from statistics import mean, median
+from typing import Mapping
+
+from testbed.report.capacity import (CapacityConfig, Prices, capacities_from_cost_model,
+                                     compare_fleets, size_fleets)
+from testbed.report.claims import (DIFFERS, NOT_HERE, REPRODUCED, Claim, _fmt, _missing, _pick,
+                                   _span_s, change_pct, change_verdict, conditions, kind_of,
+                                   pdd_settings)
+from testbed.report.metrics import (Sla, completed, goodput_rps, percentile, producer_of,
+                                    tpot_ms, workload_window)
+from testbed.report.rundir import ModeData, RunData
+
+HIT_BINS = ((0, 90), (90, 95), (95, 96), (96, 97), (97, 98), (98, 99), (99, 100))  # the paper's
+
+
+def _goodput(run: RunData, mode: ModeData) -> float | None:
+    w = workload_window(mode.events, mode.requests)
+    return goodput_rps(mode.requests, Sla.from_resolved(run.resolved), w and w[1] - w[0])
+
+
+def _load_points(run: RunData) -> dict[str, list[tuple[float, float, str]]]:
+    """{kind: [(offered req/s measured from arrivals, goodput, mode name)]} sorted by load."""
+    out: dict[str, list] = {}
+    for m in run.modes:
+        span, g = _span_s(m.requests), _goodput(run, m)
+        if span and g is not None:
+            out.setdefault(kind_of(run, m.name), []).append((len(m.requests) / span, g, m.name))
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def _violations(run: RunData, mode: ModeData) -> str:
+    sla = Sla.from_resolved(run.resolved)
+    done = completed(mode.requests)
+    ttft = sum(1 for r in done if sla.ttft_s is not None and (r.get("ttft_s") or 0) > sla.ttft_s)
+    tpot = sum(1 for r in done if sla.tpot_ms is not None and (tpot_ms(r) or 0) > sla.tpot_ms)
+    return (f"{mode.name}: {len(mode.requests) - len(done)} failed, {ttft} over TTFT "
+            f"{sla.ttft_s} s, {tpot} over TPOT {sla.tpot_ms} ms of {len(mode.requests)}")
+
+
+def knee_goodput(run: RunData) -> dict[str, tuple[float, float, str]]:
+    """Per kind of mode, the load point of highest goodput (the knee of goodput vs load)."""
+    return {k: max(pts, key=lambda p: p[1]) for k, pts in _load_points(run).items()}
+
+
+# -- 6. goodput within SLA ----------------------------------------------------
+def claim_goodput(runs, bench) -> Claim:
+    key, title, pub = "6", "goodput within SLA vs cross-DC PD", "+27.8%"
+    slot, run, names = _pick(runs, ["goodput-load", "headline"], ["pdd", "cross-dc-pd"])
+    if run is None:
+        return _missing(key, title, pub, ["goodput-load", "headline"])
+    knee = knee_goodput(run)
+    p, b = knee.get("pdd"), knee.get("cross-dc-pd")
+    ch = change_pct(p and p[1], b and b[1])
+    fig = {"points": {k: [list(x) for x in v] for k, v in _load_points(run).items()},
+           "pdd_knee": p and list(p), "base_knee": b and list(b), "change_pct": ch,
+           "sla": run.resolved.get("sla")}
+    verdict, why = change_verdict(27.8, ch)
+    n_loads = len(fig["points"].get("pdd", []))
+    note = "" if n_loads > 1 else "one load point: no sweep, the knee is that point"
+    if verdict != REPRODUCED and p and b:
+        why += "; " + "; ".join(_violations(run, run.mode(x[2])) for x in (p, b))
+    measured = (f"{_fmt(ch, pct=True)} at the knee (pdd {p[1]:.3g} req/s at {p[0]:.2g} offered, "
+                f"cross-dc-pd {b[1]:.3g} at {b[0]:.2g}); {n_loads} load point(s)") if p and b \
+        else "-"
+    return Claim(key, title, pub, measured, verdict, why, conditions(run, names["pdd"], note),
+                 fig)
+
+
+# -- 7. benefit-cost ratio and hardware ---------------------------------------
+def claim_bcr(runs, bench, cfg: CapacityConfig | None = None) -> Claim:
+    key, title = "7", "BCR vs same-DC homogeneous PD; fleet and cost"
+    pub = "BCR +37.5%; 43 GPU-A + 32 GPU-B + 1 WAN line vs 88 GPU-A; cost -3.5% to -7.1%"
+    slot, run, names = _pick(runs, ["goodput-load", "headline"], ["pdd", "same-dc-pd"])
+    if run is None:
+        return _missing(key, title, pub, ["goodput-load", "headline"])
+    knee = knee_goodput(run)
+    p, s = knee.get("pdd"), knee.get("same-dc-pd")
+    ratio = p[1] / s[1] if p and s and s[1] else None
+    share = (runs.get("headline") and _rld_share(runs["headline"])) or 0.062
+    cfg = cfg or CapacityConfig()
+    caps = capacities_from_cost_model(cfg.workload, cfg.chip_a, cfg.chip_b, cfg.n_chips)
+    pdd, base = size_fleets(cfg.workload, caps, share, cfg.wan_line_gbit)
+    rows = [compare_fleets(pdd, base, Prices(cfg.gpu_a_price, pb, cfg.wan_line_price), ratio)
+            for pb in cfg.gpu_b_prices]
+    best = max((r["bcr_change_pct"] for r in rows if r["bcr_change_pct"] is not None),
+               default=None)
+    fig = {"goodput_ratio": ratio, "rld_token_share": share, "bcr_change_pct": best,
+           "fleet_pdd": [pdd.gpu_a, pdd.gpu_b, pdd.wan_lines], "fleet_base": base.gpu_a,
+           "cost_change_pct": [r["cost_change_pct"] for r in rows],
+           "gpu_b_prices": list(cfg.gpu_b_prices)}
+    costs = " to ".join(f"{c:+.1f}%" for c in fig["cost_change_pct"])
+    measured = (f"BCR {_fmt(best, pct=True)} (measured goodput x{_fmt(ratio)} vs same-dc-pd); "
+                f"plan {pdd.gpu_a} GPU-A + {pdd.gpu_b} GPU-B + {pdd.wan_lines} WAN line(s) vs "
+                f"{base.gpu_a} GPU-A, cost {costs}")
+    verdict, why = change_verdict(37.5, best)
+    why = (f"BCR: {why}; fleets sized by the cost model for "
+           f"{cfg.workload.demand_rps:g} req/s at RLD share {share:.3g}, GPU-B at "
+           f"{'/'.join(f'{x:g}' for x in cfg.gpu_b_prices)} x GPU-A "
+           "(testbed capacity)")
+    return Claim(key, title, pub, measured, verdict, why, conditions(run, names["pdd"]), fig)
+
+
+def _rld_share(run: RunData) -> float | None:
+    for m in run.modes:
+        if kind_of(run, m.name) == "pdd":
+            toks = [producer_of(t) for r in completed(m.requests) for t in r.get("tokens") or ()]
+            return sum(x == "RLD" for x in toks) / len(toks) if toks else None
+    return None
+
+
+# -- 8. p-rld collapses --------------------------------------------------------
+BREAK_E2E_RATIO = 2.0  # p-rld "breaks" where its e2e p99 is twice pdd's, or it fails requests
+
+
+def _e2e_p99(mode: ModeData) -> float | None:
+    return percentile((r.get("e2e_s") for r in completed(mode.requests)), 99)
+
+
+def claim_p_rld(runs, bench) -> Claim:
+    key, title, pub = "8", "P->RLD alone overloads RLD", "collapses (qualitative)"
+    slot, run, names = _pick(runs, ["rld-overload", "headline"], ["pdd", "p-rld"])
+    if run is None:
+        return _missing(key, title, pub, ["rld-overload", "headline"])
+    pts = _load_points(run)
+    pairs = list(zip(pts.get("pdd", []), pts.get("p-rld", [])))
+    rows, broke_at = [], None
+    for (lp, gp, np_), (lr, gr, nr) in pairs:
+        mp, mr = run.mode(np_), run.mode(nr)
+        e2e = (_e2e_p99(mp), _e2e_p99(mr))
+        failed = len(mr.requests) - len(completed(mr.requests))
+        ratio = e2e[1] / e2e[0] if all(e2e) else None
+        rows.append({"load_rps": lr, "pdd_e2e_p99_s": e2e[0], "p_rld_e2e_p99_s": e2e[1],
+                     "e2e_ratio": ratio, "p_rld_failed": failed, "pdd_goodput": gp,
+                     "p_rld_goodput": gr})
+        if broke_at is None and ((ratio or 0) >= BREAK_E2E_RATIO or failed > 0):
+            broke_at = lr
+    fig = {"points": rows, "breaks_at_rps": broke_at}
+    last = rows[-1] if rows else None
+    if last is None:
+        return Claim(key, title, pub, "-", NOT_HERE, "no load point with both modes",
+                     conditions(run, names["pdd"]), fig)
+    measured = "; ".join(f"{r['load_rps']:.2g} req/s: e2e p99 {_fmt(r['p_rld_e2e_p99_s'], ' s')}"
+                         f" vs pdd {_fmt(r['pdd_e2e_p99_s'], ' s')}, {r['p_rld_failed']} failed"
+                         for r in rows)
+    if broke_at is not None:
+        verdict, why = REPRODUCED, f"p-rld breaks at {broke_at:.2g} req/s (e2e p99 >= " \
+                                   f"{BREAK_E2E_RATIO:g}x pdd's, or failed requests)"
+    else:
+        verdict = DIFFERS
+        why = (f"no collapse up to {last['load_rps']:.2g} req/s: e2e p99 ratio "
+               f"{_fmt(last['e2e_ratio'])}, {last['p_rld_failed']} failed")
+    note = "" if len(rows) > 1 else "one load point: no sweep"
+    return Claim(key, title, pub, measured, verdict, why, conditions(run, names["p-rld"], note),
+                 fig)
+
+
+# -- 9. the bathtub ------------------------------------------------------------
+def bathtub_points(runs) -> tuple[list[tuple[float, float, int]], str, RunData | None, str]:
+    """[(hit rate %, TTFT benefit of pdd over cross-DC PD in %, n)], source, run, mode name.
+
+    The bathtub slot pairs pdd-X / base-X modes (one hit-rate bin each); without
+    it, the headline run's requests are binned by designed hit rate and paired by id."""
+    run = runs.get("bathtub")
+    if run is not None:
+        pts = []
+        base = {n.split("-", 1)[1]: n for n in run.mode_names
+                if kind_of(run, n) == "cross-dc-pd" and "-" in n}
+        for n in run.mode_names:
+            if kind_of(run, n) != "pdd" or "-" not in n or n.split("-", 1)[1] not in base:
+                continue
+            tp, tb = (_mean_ttft(run.mode(x).requests) for x in (n, base[n.split("-", 1)[1]]))
+            hits = [r["designed_hit_rate"] for r in run.mode(n).requests
+                    if r.get("designed_hit_rate") is not None]
+            if tp is not None and tb and hits:
+                pts.append((100 * mean(hits), 100 * (1 - tp / tb), len(hits)))
+        if pts:
+            return sorted(pts), "bathtub", run, next(iter(run.mode_names))
+    slot, run, names = _pick(runs, ["headline"], ["pdd", "cross-dc-pd"])
+    if run is None:
+        return [], "", None, ""
+    p = {r["id"]: r for r in completed(run.mode(names["pdd"]).requests)}
+    b = {r["id"]: r for r in completed(run.mode(names["cross-dc-pd"]).requests)}
+    pts = []
+    for lo, hi in HIT_BINS:
+        ids = [i for i in p if i in b and b[i].get("designed_hit_rate") is not None
+               and lo <= 100 * b[i]["designed_hit_rate"] < hi + (hi == 100)]
+        tp, tb = _mean_ttft([p[i] for i in ids]), _mean_ttft([b[i] for i in ids])
+        if ids and tp is not None and tb:
+            pts.append(((lo + hi) / 2, 100 * (1 - tp / tb), len(ids)))
+    return pts, "headline", run, names["pdd"]
+
+
+def _mean_ttft(recs) -> float | None:
+    t = [r["ttft_s"] for r in completed(recs) if r.get("ttft_s") is not None]
+    return mean(t) if t else None
+
+
+def claim_bathtub(runs, bench) -> Claim:
+    key, title = "9", "bathtub: benefit vs prefix hit rate (7 bins)"
+    pub = "high at both ends, low in the middle; dips near 20/40/70%"
+    pts, source, run, name = bathtub_points(runs)
+    if run is None or len(pts) < 3:
+        cond = conditions(run, name) if run is not None else {}
+        return Claim(key, title, pub, "-", NOT_HERE, f"{len(pts)} hit-rate bin(s) with requests "
+                     "in both modes; a shape needs 3", cond, {"points": pts})
+    benefits = [b for _, b, _ in pts]
+    low = min(range(1, len(pts) - 1), key=lambda i: benefits[i])
+    tub = benefits[0] > benefits[low] and benefits[-1] > benefits[low]
+    measured = ", ".join(f"{h:.0f}%: {b:+.0f}% (n={n})" for h, b, n in pts)
+    why = (f"ends {benefits[0]:+.0f}% and {benefits[-1]:+.0f}%, lowest inside {benefits[low]:+.0f}%"
+           f" at {pts[low][0]:.0f}%" + ("" if tub else ": no valley (an end is not above the "
+                                            "lowest inner bin)"))
+    note = "benefit = 1 - mean TTFT(pdd) / mean TTFT(cross-dc-pd) per bin" + (
+        "; headline requests binned by designed hit rate, paired by id"
+        if source == "headline" else "")
+    return Claim(key, title, pub, measured, REPRODUCED if tub else DIFFERS, why,
+                 conditions(run, name, note), {"points": pts})
+
+
+# -- 10. the anomalous-traffic filter ------------------------------------------
+def _anomalous(r: Mapping, pdd: Mapping) -> bool:
+    ts = int(pdd.get("token_scale") or 1)
+    return (r.get("prompt_len") or 0) * ts >= int(pdd.get("anomalous_min_input_tokens", 65536)) \
+        and (r.get("max_out") or 0) < int(pdd.get("anomalous_max_output_tokens", 500))
+
+
+def _caught(r: Mapping) -> bool:
+    why = str(((r.get("reports") or {}).get("router") or {}).get("reason") or "")
+    return why.startswith("anomalous") and r.get("pipeline") == "rld-only"
+
+
+def claim_filter(runs, bench) -> Claim:
+    key, title = "10", "anomalous-traffic filter: share caught, WAN bytes saved"
+    pub = "3-4% of requests; their WAN transfer blocked"
+    run = runs.get("odd-traffic")
+    if run is None:
+        return _missing(key, title, pub, ["odd-traffic"])
+    on = [n for n in run.mode_names if pdd_settings(run, n).get("anomalous_filter")]
+    off = [n for n in run.mode_names if not pdd_settings(run, n).get("anomalous_filter")
+           and not pdd_settings(run, n).get("late_kv_local", True)]
+    if not on or not off:
+        return Claim(key, title, pub, "-", NOT_HERE, "needs a mode with the filter on and one "
+                     "with both filters off", conditions(run, run.mode_names[0]))
+    recs, pdd = run.mode(on[0]).requests, pdd_settings(run, on[0])
+    designed = [r for r in recs if _anomalous(r, pdd)]
+    caught = [r for r in recs if _caught(r)]
+    wan = [sum(int((r.get("bytes") or {}).get("kv_wan") or 0) for r in run.mode(n).requests)
+           for n in (on[0], off[0])]
+    saved = change_pct(wan[0], wan[1])
+    share = len(caught) / len(recs) if recs else None
+    fig = {"caught_share": share, "designed_share": len(designed) / len(recs) if recs else None,
+           "caught_of_designed": len([r for r in designed if _caught(r)]) / len(designed)
+           if designed else None, "wan_bytes_change_pct": saved}
+    measured = (f"caught {len(caught)} of {len(recs)} ({_fmt(share and 100 * share)}%; the "
+                f"workload makes {len(designed)} anomalous); WAN bytes {_fmt(saved, pct=True)} "
+                f"vs no filters")
+    ok = fig["caught_of_designed"] == 1.0 and saved is not None and saved < 0
+    why = (f"catches {_fmt(fig['caught_of_designed'] and 100 * fig['caught_of_designed'])}% of "
+           "the requests that meet its rule and saves WAN bytes" if ok else
+           f"caught {len(caught)} of {len(designed)} meeting the rule; WAN bytes "
+           f"{_fmt(saved, pct=True)}")
+    why += "; the share itself is the workload's (paper: 3-4% of production traffic)"
+    return Claim(key, title, pub, measured, REPRODUCED if ok else DIFFERS, why,
+                 conditions(run, on[0]), fig)
+
+
+# -- 11. catch-up vs one-shot handoff ------------------------------------------
+def handoff_spikes(recs) -> list[float]:
+    """Per completed handed-over request: the gap at RLD -> MD over the median gap."""
+    out = []
+    for r in completed(recs):
+        toks = sorted(r.get("tokens") or (), key=lambda t: t[0])
+        gaps = [b[2] - a[2] for a, b in zip(toks, toks[1:])]
+        at = [i for i, (a, b) in enumerate(zip(toks, toks[1:]))
+              if producer_of(a) == "RLD" and producer_of(b) == "MD"]
+        if at and gaps and median(gaps) > 0:
+            out.append(gaps[at[0]] / median(gaps))
+    return out
+
+
+def claim_handoff_modes(runs, bench) -> Claim:
+    key, title = "11", "catch-up vs one-shot handoff: stall and its visibility"
+    pub = "catch-up: many imperceptible small handoffs instead of one big stall"
+    run = runs.get("handoff")
+    if run is None:
+        return _missing(key, title, pub, ["handoff"])
+    by = {pdd_settings(run, n).get("handoff_mode"): n for n in run.mode_names}
+    if "one-shot" not in by or "catch-up" not in by:
+        return Claim(key, title, pub, "-", NOT_HERE, "needs a one-shot and a catch-up mode",
+                     conditions(run, run.mode_names[0]))
+    fig = {}
+    for hm, n in by.items():
+        recs = run.mode(n).requests
+        stalls = [(r.get("handoff") or {}).get("stall_ms") for r in completed(recs)]
+        spikes = handoff_spikes(recs)
+        fig[hm] = {"stall_p99_ms": percentile(stalls, 99), "spike_p99_x": percentile(spikes, 99),
+                   "handed_over": len(spikes)}
+    o, c = fig["one-shot"], fig["catch-up"]
+    ok = None not in (o["stall_p99_ms"], c["stall_p99_ms"]) and c["stall_p99_ms"] < o["stall_p99_ms"]
+    measured = (f"stall p99 catch-up {_fmt(c['stall_p99_ms'], ' ms')} vs one-shot "
+                f"{_fmt(o['stall_p99_ms'], ' ms')}; TPOT spike at the handoff p99 "
+                f"{_fmt(c['spike_p99_x'], 'x')} vs {_fmt(o['spike_p99_x'], 'x')} the median gap")
+    why = "catch-up stalls less" if ok else "catch-up does not stall less"
+    return Claim(key, title, pub, measured, REPRODUCED if ok else DIFFERS, why,
+                 conditions(run, by["catch-up"]), fig)

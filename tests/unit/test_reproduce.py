@@ -1,0 +1,333 @@
+"""`testbed reproduce`: every claim's figure and verdict from canned run directories.
+
+The run directories are written here with the fields docs/run-directory.md and
+docs/pdd-roles.md document (metadata.json, MODE/requests.jsonl, MODE/events.jsonl),
+small enough that each figure can be worked out by hand.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from testbed.cli import main
+from testbed.errors import EmulationError
+from testbed.report.claims import (DIFFERS, NOT_HERE, REPRODUCED, claim_baseline_tail,
+                                   claim_handoff_bench, claim_rld_share, claim_ttft,
+                                   claim_wan_bytes, magnitude_verdict)
+from testbed.report.claims_load import (claim_bathtub, claim_bcr, claim_filter, claim_goodput,
+                                        claim_handoff_modes, claim_p_rld, handoff_spikes)
+from testbed.report.reproduce import (BENCH_FILE, FULL, QUICK, REPO, build_table, load_runs,
+                                      reproduce, run_slots)
+from testbed.spec.scenario import load_scenario
+
+PDD = {"token_scale": 32, "time_scale": 0.5, "kv_bytes_per_token": 50000,
+       "handoff_mode": "catch-up", "anomalous_filter": True, "late_kv_local": True,
+       "anomalous_min_input_tokens": 65536, "anomalous_max_output_tokens": 500}
+WAN = {"a_to_b": {"rate_gbit": 10.0, "delay_ms": 20.0}, "b_to_a": {"rate_gbit": 10.0,
+                                                                    "delay_ms": 20.0}}
+
+
+def rec(i, ttft, *, n_tok=16, rld=0, tok_s=0.05, hit=0.95, prompt=100, max_out=16,
+        kv_wan=0, arrival=None, pipeline="p-md", stall=None, reason="", status="completed",
+        gap_at_handoff=None):
+    """A request record; its first ``rld`` tokens from RLD, the rest from MD."""
+    tokens, t = [], ttft
+    for p in range(n_tok):
+        if p == rld and rld and gap_at_handoff is not None:
+            t += gap_at_handoff - tok_s
+        tokens.append([p, 7, round(t, 6), "rld" if p < rld else "md"])
+        t += tok_s
+    return {"id": f"r{i}", "status": status, "ttft_s": ttft, "e2e_s": tokens[-1][2],
+            "t_sent": float(i), "arrival_s": float(i) if arrival is None else arrival,
+            "designed_hit_rate": hit, "prompt_len": prompt, "max_out": max_out,
+            "pipeline": pipeline, "tokens": tokens, "tokens_lost": 0, "tokens_duplicated": 0,
+            "bytes": {"kv_wan": kv_wan, "kv_intra": 0, "handoff": 0},
+            "handoff": {"stall_ms": stall}, "md_hit_rate": hit,
+            "kv_at_md": {"actual_wan_s": 0.5, "predicted_wan_s": 0.4},
+            "reports": {"router": {"reason": reason}}}
+
+
+def write_run(root: Path, slot: str, modes: dict, *, scale=10.0, sla=None) -> Path:
+    """modes: {name: (kind, pdd overrides, records, workload span s)}"""
+    d = root / slot
+    d.mkdir(parents=True)
+    resolved = {"name": slot, "pdd": PDD, "sla": sla or {"ttft_s": 1.0, "tpot_ms": 200.0},
+                "modes": [{"name": n, "mode": k, "pdd": {**PDD, **o}}
+                          for n, (k, o, _, _) in modes.items()]}
+    (d / "metadata.json").write_text(json.dumps({
+        "scenario": slot, "scale": scale, "backend": "netem", "resolved": resolved,
+        "topology": {"wan": WAN}, "modes": list(modes)}))
+    for name, (_, _, records, span) in modes.items():
+        (d / name).mkdir()
+        (d / name / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        (d / name / "events.jsonl").write_text(
+            json.dumps({"t_mono": 100.0, "kind": "workload_start"}) + "\n"
+            + json.dumps({"t_mono": 100.0 + span, "kind": "workload_end"}) + "\n")
+    return d
+
+
+HITS = (0.5, 0.925, 0.995)  # three of the paper's seven bins
+
+
+def runs_of(root: Path) -> dict:
+    return load_runs(root)[0]
+
+
+def headline(root: Path, pdd_ttft=0.5, base_ttft=1.0, prld_e2e_extra=0.0) -> Path:
+    """20 requests: 1 of 16 tokens from RLD in pdd; 10x smaller WAN KV than the prompts
+    (100 tokens x 32 x 50 KB = 160 MB nominal each; 1.6 MB emulated x k=10 sent)."""
+    def mode(ttft, **kw):
+        return [rec(i, ttft, kv_wan=1_600_000, hit=HITS[i % 3], **kw) for i in range(20)]
+
+    prld = [rec(i, pdd_ttft, tok_s=0.05 + prld_e2e_extra) for i in range(20)]
+    return write_run(root, "headline", {
+        "pdd": ("pdd", {}, mode(pdd_ttft, rld=1), 20.0),
+        "cross-dc-pd": ("cross-dc-pd", {}, mode(base_ttft), 20.0),
+        "same-dc-pd": ("same-dc-pd", {}, mode(pdd_ttft), 20.0),
+        "p-rld": ("p-rld", {}, prld, 20.0)})
+
+
+def test_verdict_rule_is_half_a_decade():
+    assert magnitude_verdict(-51.5, -20.0)[0] == REPRODUCED   # 2.6x smaller
+    assert magnitude_verdict(-51.5, -15.0)[0] == DIFFERS      # 3.4x smaller
+    assert magnitude_verdict(-51.5, 10.0)[0] == DIFFERS       # the wrong way
+    assert "opposite" in magnitude_verdict(27.8, -7.0)[1]
+    assert magnitude_verdict(0.062, None)[0] == NOT_HERE
+
+
+def test_ttft_claim(tmp_path):
+    headline(tmp_path / "a", pdd_ttft=0.5, base_ttft=1.0)
+    c = claim_ttft(runs_of(tmp_path / "a"), None)
+    assert c.figures["mean_change_pct"] == pytest.approx(-50.0)
+    assert c.figures["p90_change_pct"] == pytest.approx(-50.0)
+    assert c.verdict == REPRODUCED
+    assert c.conditions["k"] == 10.0 and c.conditions["token_scale"] == 32
+    assert c.conditions["context_tokens_p50"] == 3200 and "40 ms" in c.conditions["wan"]
+    headline(tmp_path / "b", pdd_ttft=1.1, base_ttft=1.0)
+    c = claim_ttft(runs_of(tmp_path / "b"), None)
+    assert c.verdict == DIFFERS and "opposite" in c.reason
+
+
+def test_baseline_tail_prefers_its_own_run(tmp_path):
+    headline(tmp_path, base_ttft=1.0)
+    c = claim_baseline_tail(runs_of(tmp_path), None)
+    assert c.verdict == DIFFERS and c.figures["ttft_p50_s"] == pytest.approx(1.0)
+    assert "headline" in c.conditions["note"]
+    write_run(tmp_path, "baseline-64k", {"cross-dc-pd": (
+        "cross-dc-pd", {}, [rec(i, 10.0, prompt=2048) for i in range(10)], 10.0)})
+    c = claim_baseline_tail(runs_of(tmp_path), None)
+    # 10 s against 4.2 / 18.3 / 29.7: 2.4x, 0.55x, 0.34x - all within half a decade
+    assert c.verdict == REPRODUCED and c.conditions["context_tokens_p50"] == 65536
+    assert c.figures["kv_transfer_max_s"] == pytest.approx(0.5)
+    # the differing one explains the gap with the line: 65536 x 50 KB at 10 Gbit/s
+    c = claim_baseline_tail({"headline": runs_of(tmp_path)["headline"]}, None)
+    assert c.figures["full_64k_kv_s"] == pytest.approx(65536 * 50000 * 8 / 10e9)
+
+
+def test_wan_bytes_counterfactual(tmp_path):
+    headline(tmp_path)
+    c = claim_wan_bytes(runs_of(tmp_path), None)
+    assert c.figures["full_kv_bytes"] == 20 * 100 * 32 * 50000
+    assert c.figures["wan_kv_bytes"] == 20 * 1_600_000 * 10
+    assert c.figures["reduction_x"] == pytest.approx(10.0)
+    assert c.figures["offered_gbit_no_cache"] == pytest.approx(20 * 160e6 * 8 / 20 / 1e9)
+    assert c.verdict == NOT_HERE and "drc" in c.reason
+
+
+def test_rld_share(tmp_path):
+    headline(tmp_path)
+    c = claim_rld_share(runs_of(tmp_path), None)
+    assert c.figures["rld_token_share"] == pytest.approx(1 / 16)
+    assert c.verdict == REPRODUCED
+
+
+def bench(kv_mean=185.0, kv_std=60.0, ids_mean=305.0, ids_std=4.8):
+    return {"scale": 10, "wan": {"rate_gbit": 10, "rtt_ms": 40, "jitter_ms": 2,
+                                 "cross_flows": 4},
+            "incremental_kv": {"n": 10, "mean_ms": kv_mean, "max_ms": 500.0, "std_ms": kv_std},
+            "token_ids_recompute": {"n": 10, "mean_ms": ids_mean, "max_ms": 320.0,
+                                    "std_ms": ids_std}}
+
+
+def test_handoff_bench_claim():
+    assert claim_handoff_bench({}, bench()).verdict == REPRODUCED
+    assert claim_handoff_bench({}, bench(ids_std=80.0)).verdict == DIFFERS  # not steadier
+    assert claim_handoff_bench({}, bench(kv_mean=18.0)).verdict == DIFFERS
+    assert claim_handoff_bench({}, None).verdict == NOT_HERE
+
+
+def sweep(root: Path, good: dict[str, list[int]]) -> Path:
+    """goodput-load: per kind, per load point (0.5, 1, 2 req/s), how many of 10 requests
+    meet the SLA (the others miss TTFT); a 10 s workload."""
+    modes = {}
+    for kind, counts in good.items():
+        for load, n_good in zip((0.5, 1.0, 2.0), counts):
+            recs = [rec(i, 0.2 if i < n_good else 3.0, arrival=i / load) for i in range(10)]
+            modes[f"{kind[:4]}-{int(load * 10):02d}"] = (kind, {}, recs, 10.0)
+    return write_run(root, "goodput-load", modes)
+
+
+def test_goodput_at_the_knee(tmp_path):
+    sweep(tmp_path, {"pdd": [5, 9, 6], "cross-dc-pd": [5, 7, 4], "same-dc-pd": [5, 8, 5]})
+    c = claim_goodput(runs_of(tmp_path), None)
+    assert c.figures["pdd_knee"][1] == pytest.approx(0.9)  # 9 of 10 in 10 s at 1 req/s
+    assert c.figures["pdd_knee"][0] == pytest.approx(1.0)
+    assert c.figures["change_pct"] == pytest.approx(100 * (9 / 7 - 1))
+    assert c.verdict == REPRODUCED
+
+
+def test_goodput_the_wrong_way_names_the_violations(tmp_path):
+    sweep(tmp_path, {"pdd": [5, 6, 6], "cross-dc-pd": [5, 7, 4], "same-dc-pd": [5, 8, 5]})
+    c = claim_goodput(runs_of(tmp_path), None)
+    assert c.verdict == DIFFERS and "over TTFT" in c.reason
+
+
+def test_bcr_uses_the_measured_goodput(tmp_path):
+    sweep(tmp_path, {"pdd": [5, 9, 6], "cross-dc-pd": [5, 7, 4], "same-dc-pd": [5, 7, 5]})
+    c = claim_bcr(runs_of(tmp_path), None)
+    assert c.figures["goodput_ratio"] == pytest.approx(9 / 7)
+    lo = claim_bcr(runs_of(tmp_path), None)
+    sweep(tmp_path / "x", {"pdd": [5, 6, 6], "cross-dc-pd": [5, 7, 4], "same-dc-pd": [5, 9, 5]})
+    hi = claim_bcr(runs_of(tmp_path / "x"), None)
+    assert hi.figures["bcr_change_pct"] < lo.figures["bcr_change_pct"]
+    assert len(c.figures["cost_change_pct"]) == 2  # GPU-B at 1.2 and 1.3 x GPU-A
+
+
+def test_p_rld_collapse(tmp_path):
+    headline(tmp_path / "a", prld_e2e_extra=0.2)  # e2e 0.5+15x0.25 vs 0.5+15x0.05
+    c = claim_p_rld(runs_of(tmp_path / "a"), None)
+    assert c.figures["points"][0]["e2e_ratio"] == pytest.approx(4.25 / 1.25)
+    assert c.verdict == REPRODUCED
+    headline(tmp_path / "b")
+    assert claim_p_rld(runs_of(tmp_path / "b"), None).verdict == DIFFERS
+
+
+def bathtub_run(root: Path, pdd_by_hit: dict[float, float]) -> Path:
+    p, b = [], []
+    for j, (hit, t) in enumerate(pdd_by_hit.items()):
+        for i in range(3):
+            p.append(rec(10 * j + i, t, hit=hit))
+            b.append(rec(10 * j + i, 1.0, hit=hit))
+    return write_run(root, "headline", {"pdd": ("pdd", {}, p, 10.0),
+                                        "cross-dc-pd": ("cross-dc-pd", {}, b, 10.0)})
+
+
+def test_bathtub_shape(tmp_path):
+    bathtub_run(tmp_path / "a", {0.5: 0.4, 0.925: 0.9, 0.995: 0.6})
+    c = claim_bathtub(runs_of(tmp_path / "a"), None)
+    assert [round(b) for _, b, _ in c.figures["points"]] == [60, 10, 40]
+    assert c.verdict == REPRODUCED
+    bathtub_run(tmp_path / "b", {0.5: 0.4, 0.925: 0.7, 0.995: 1.0})
+    c = claim_bathtub(runs_of(tmp_path / "b"), None)
+    assert c.verdict == DIFFERS and "no valley" in c.reason
+
+
+def test_bathtub_slot_pairs_modes(tmp_path):
+    modes = {}
+    for tag, hit, t in (("b00", 0.5, 0.3), ("b95", 0.955, 0.95), ("b99", 0.995, 0.5)):
+        modes[f"pdd-{tag}"] = ("pdd", {}, [rec(i, t, hit=hit) for i in range(3)], 10.0)
+        modes[f"base-{tag}"] = ("cross-dc-pd", {}, [rec(i, 1.0, hit=hit) for i in range(3)],
+                                10.0)
+    write_run(tmp_path, "bathtub", modes)
+    c = claim_bathtub(runs_of(tmp_path), None)
+    assert [round(h, 1) for h, _, _ in c.figures["points"]] == [50.0, 95.5, 99.5]
+    assert c.verdict == REPRODUCED
+
+
+def test_filter(tmp_path):
+    def recs(filter_on):
+        out = [rec(i, 0.3, kv_wan=1000) for i in range(8)]
+        for i in (8, 9):  # 2048 x 32 = 65536 modeled, 100 < 500 output tokens
+            out.append(rec(i, 0.3, prompt=2048, max_out=100, kv_wan=0 if filter_on else 100000,
+                           pipeline="rld-only" if filter_on else "p-md",
+                           reason="anomalous: long input, short output" if filter_on else ""))
+        return out
+
+    write_run(tmp_path, "odd-traffic", {
+        "filter-on": ("pdd", {"anomalous_filter": True}, recs(True), 10.0),
+        "no-filters": ("pdd", {"anomalous_filter": False, "late_kv_local": False},
+                       recs(False), 10.0)})
+    c = claim_filter(runs_of(tmp_path), None)
+    assert c.figures["caught_share"] == pytest.approx(0.2)
+    assert c.figures["wan_bytes_change_pct"] == pytest.approx(100 * (8000 / 208000 - 1))
+    assert c.verdict == REPRODUCED
+
+
+def test_handoff_modes(tmp_path):
+    one = [rec(i, 0.3, rld=5, stall=400.0, gap_at_handoff=0.45) for i in range(4)]
+    cat = [rec(i, 0.3, rld=5, stall=40.0, gap_at_handoff=0.06) for i in range(4)]
+    write_run(tmp_path, "handoff", {
+        "one-shot": ("pdd", {"handoff_mode": "one-shot"}, one, 10.0),
+        "catch-up": ("pdd", {"handoff_mode": "catch-up"}, cat, 10.0)})
+    assert handoff_spikes(one) == pytest.approx([9.0] * 4)  # 0.45 s over a 0.05 s median
+    c = claim_handoff_modes(runs_of(tmp_path), None)
+    assert c.figures["one-shot"]["stall_p99_ms"] == pytest.approx(400.0)
+    assert c.verdict == REPRODUCED
+
+
+def full_dir(root: Path) -> Path:
+    headline(root, prld_e2e_extra=0.2)
+    (root / BENCH_FILE).write_text(json.dumps(bench()))
+    return root
+
+
+def test_table_from_runs_fills_every_claim(tmp_path):
+    table = build_table(full_dir(tmp_path / "runs"))
+    assert [c["key"] for c in table["claims"]] == [str(i) for i in range(1, 12)]
+    # what the headline run alone gives: claims 10 and 11 need their own runs
+    missing = {c["key"] for c in table["claims"] if c["measured"] == "-"}
+    assert missing == {"10", "11"}
+    assert all(c["reason"] for c in table["claims"])
+
+
+def test_cli_from_runs_writes_the_table(tmp_path, capsys):
+    src = full_dir(tmp_path / "runs")
+    assert main(["reproduce", "--from-runs", str(src), "--out", str(tmp_path / "out")]) == 0
+    doc = json.loads((tmp_path / "out" / "reproduction.json").read_text())
+    assert doc["from_runs"] == str(src) and len(doc["claims"]) == 11
+    md = (tmp_path / "out" / "reproduction.md").read_text()
+    assert md.count("\n| ") == 12 and "**reproduced**" in md
+    assert (tmp_path / "out" / "bathtub.png").stat().st_size > 0
+    assert "TTFT vs cross-DC PD" in capsys.readouterr().out
+
+
+def test_run_slots_records_a_failed_run_and_goes_on(tmp_path):
+    ran = []
+
+    def run_fn(scenario: Path, out: Path) -> None:
+        ran.append(out.name)
+        if out.name == "odd-traffic":
+            raise EmulationError("WAN did not come up")
+
+    log = run_slots(QUICK, tmp_path, run_fn, lambda n: bench(), 10)
+    assert ran == [s.name for s in QUICK]
+    assert "WAN did not come up" in log["odd-traffic"]["error"]
+    assert log["headline"]["error"] is None
+    assert json.loads((tmp_path / BENCH_FILE).read_text())["incremental_kv"]["n"] == 10
+
+
+def test_an_interrupted_reproduction_keeps_the_table_of_what_finished(tmp_path):
+    def run_fn(scenario: Path, out: Path) -> None:
+        if out.name != "headline":
+            raise KeyboardInterrupt
+        headline(out.parent, prld_e2e_extra=0.2)
+
+    with pytest.raises(KeyboardInterrupt):
+        reproduce(tmp_path, True, run_fn, None)
+    doc = json.loads((tmp_path / "reproduction.json").read_text())
+    assert doc["interrupted"] and doc["slots"] == ["headline"]
+    assert doc["claims"][0]["verdict"] == REPRODUCED
+
+
+def test_reproduce_needs_a_runner_or_runs(tmp_path):
+    with pytest.raises(Exception, match="nothing to run"):
+        reproduce(tmp_path, True, None, None)
+
+
+@pytest.mark.parametrize("slot", FULL + QUICK, ids=lambda s: s.name + ":" + s.scenario)
+def test_every_slot_scenario_is_valid(slot):
+    sc = load_scenario(REPO / slot.scenario)
+    assert sc.modes
