@@ -342,8 +342,7 @@ def cmd_serve(args) -> int:
 def cmd_exec(args) -> int:
     from testbed.scenario.serve import run_in_host
 
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    return run_in_host(args.host, command, args.prefix)
+    return run_in_host(args.host, args.exec_command, args.prefix)
 
 
 def cmd_clean(args) -> int:
@@ -491,19 +490,36 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--ready-timeout-s", type=float, default=60.0)
     p.set_defaults(func=cmd_serve)
-    p = sub.add_parser("exec", help="run a command inside a host of a live `testbed serve`")
+    p = sub.add_parser("exec", help="run a command inside a host of a live `testbed serve`",
+                       usage="testbed exec [-h] [--prefix PREFIX] host -- COMMAND [ARGS ...]",
+                       epilog="Everything after the first lone -- is the command, unchanged "
+                       "(a later -- included).")
     p.add_argument("host", help="topology host name, e.g. client")
     p.add_argument("--prefix", help="the run (tbXXXX) when several are live")
-    p.add_argument("command", nargs="+", help="-- COMMAND [ARGS...] (after a lone --)")
-    p.set_defaults(func=cmd_exec)
+    p.set_defaults(func=cmd_exec, exec_command=[])
     p = sub.add_parser("clean", help="remove what dead testbed runs left (state files only)")
     p.add_argument("--all", action="store_true", help="also runs whose owner is alive")
     p.set_defaults(func=cmd_clean)
     return ap
 
 
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The parsed command line; for ``exec``, everything after its first lone
+    ``--`` is the command, unchanged (argparse would drop a later ``--`` too)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ap = build_parser()
+    i = argv.index("--") if "--" in argv else len(argv)
+    if next((a for a in argv[:i] if not a.startswith("-")), None) != "exec":
+        return ap.parse_args(argv)
+    args = ap.parse_args(argv[:i])
+    args.exec_command = argv[i + 1:]
+    if not args.exec_command:
+        ap.error("exec: no command given (testbed exec HOST -- COMMAND [ARGS ...])")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     try:

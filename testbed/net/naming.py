@@ -7,6 +7,7 @@ collide and ``testbed clean`` can tell what it owns:
 - DC switch (Linux bridge):      ``tb{id}s{dc}``        e.g. ``tb3f2asa``
 - switch-side veth of a host:    ``tb{id}s{dc}-{n}``    e.g. ``tb3f2asa-3``
 - the run's state file:          ``STATE_DIR/tb{id}.json``
+- its lock (state-file writers):  ``STATE_DIR/tb{id}.lock``
 - the run's control sockets:     ``STATE_DIR/tb{id}/...``
 
 Objects inside the emulated hosts' own (anonymous) namespaces cannot
@@ -55,6 +56,10 @@ def state_file(prefix: str) -> Path:
     return STATE_DIR / f"{prefix}.json"
 
 
+def state_lock(prefix: str) -> Path:
+    return STATE_DIR / f"{prefix}.lock"
+
+
 def socket_dir(prefix: str) -> Path:
     return STATE_DIR / prefix
 
@@ -90,4 +95,5 @@ def boot_id() -> str:
 
 
 __all__ = ["STATE_DIR", "new_run_prefix", "switch_name", "switch_port", "state_file",
-           "socket_dir", "pid_start_time", "process_alive", "boot_id", "WAN_NODE", "WAN_BRIDGE"]
+           "state_lock", "socket_dir", "pid_start_time", "process_alive", "boot_id", "WAN_NODE",
+           "WAN_BRIDGE"]

@@ -15,7 +15,10 @@ route), so a client runs in a host: ``testbed exec HOST -- COMMAND`` finds
 the live run's namespace shell of HOST in the registry's state files
 (``find_host_shell``: pid and start time checked, the run's owner alive)
 and runs COMMAND in that host's network namespace (``mnexec -a PID``),
-waiting for it and returning its exit code.
+waiting for it and returning its exit code. While it runs, the command is
+attached to the run's state file (``registry.attach_process``), so serve's
+teardown and ``testbed clean`` stop it by pid; it leaves the file when it
+ends.
 
 Example::
 
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -97,18 +101,39 @@ def read_state_files(state_dir: Path = naming.STATE_DIR) -> list[dict]:
 
 
 def run_in_host(host: str, command: list[str], prefix: str | None = None) -> int:
-    """``testbed exec``: run ``command`` in ``host`` of the live run; its exit code."""
-    _, pid = find_host_shell(read_state_files(), host, prefix)
-    proc = subprocess.Popen(exec_argv(pid, command), start_new_session=True)
+    """``testbed exec``: run ``command`` in ``host`` of the live run; its exit code.
+
+    The command (its process group) is attached to the run's state file while
+    it runs, so the run's teardown and ``testbed clean`` stop it by pid.
+    """
+    from testbed.net.registry import attach_process, detach_process
+
+    prefix, pid = find_host_shell(read_state_files(), host, prefix)
+    argv = exec_argv(pid, command)
+    proc = subprocess.Popen(argv, start_new_session=True)
+    entry = None
     try:
+        entry = attach_process(prefix, proc.pid, f"exec {shlex.join(command)} in {host}")
         return proc.wait()
     except KeyboardInterrupt:
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            return proc.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            return proc.wait()
+        return _interrupt(proc)
+    except BaseException:
+        _interrupt(proc)  # e.g. the run ended before the command could be recorded
+        raise
+    finally:
+        detach_process(prefix, entry)
+
+
+def _interrupt(proc: subprocess.Popen, timeout_s: float = 10.0) -> int:
+    """SIGINT to the command's process group, SIGKILL after ``timeout_s``; its exit code."""
+    if proc.poll() is not None:
+        return proc.returncode
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        return proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        return proc.wait()
 
 
 def gateway_argv(config_path: Path, name: str, ip: str, port: int, out: Path) -> list[str]:
@@ -171,6 +196,7 @@ def serve(topo, mode, opts: ServeOptions) -> dict:
             except (KeyboardInterrupt, Terminated):
                 pass  # the way to stop serving
         finally:
+            net.registry.stop_attached()  # `testbed exec` commands: clients go first
             roles.stop()
     events.close()
     return verify_mode(out)

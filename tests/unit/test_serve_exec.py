@@ -7,6 +7,11 @@ files, the command lines they build, and the CLI's parsing of both.
 
 from __future__ import annotations
 
+import json
+import signal
+import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -89,8 +94,78 @@ def test_the_cli_parses_serve_and_exec():
                        "--port", "9000"])
     assert (a.func, a.mode, a.port, a.topology) == (cli.cmd_serve, "cross-dc-pd", 9000,
                                                     "topologies/two-dc.yaml")
-    a = ap.parse_args(["exec", "client", "--prefix", "tb0001", "--", "aiperf", "--url", "u"])
-    assert (a.func, a.host, a.prefix, a.command) == \
+    a = cli.parse_args(["exec", "client", "--prefix", "tb0001", "--", "aiperf", "--url", "u"])
+    assert (a.func, a.host, a.prefix, a.exec_command) == \
         (cli.cmd_exec, "client", "tb0001", ["aiperf", "--url", "u"])
     with pytest.raises(SystemExit):
         ap.parse_args(["serve", "--mode", "no-such-mode"])
+
+
+def test_exec_keeps_every_argument_after_its_first_lone_dashdash():
+    a = cli.parse_args(["exec", "client", "--", "aiperf", "profile", "--url", "u", "--",
+                        "--isl", "5", "--"])
+    assert a.exec_command == ["aiperf", "profile", "--url", "u", "--", "--isl", "5", "--"]
+    a = cli.parse_args(["-v", "exec", "client", "--prefix", "tb0001", "--", "sh", "-c", "x"])
+    assert (a.func, a.host, a.prefix, a.exec_command, a.verbose) == \
+        (cli.cmd_exec, "client", "tb0001", ["sh", "-c", "x"], True)
+    for argv in (["exec", "client", "aiperf", "--", "profile"],  # the command goes after --
+                 ["exec", "client", "aiperf"], ["exec", "client", "--"]):
+        with pytest.raises(SystemExit):
+            cli.parse_args(argv)
+    # other subcommands parse as before
+    assert cli.parse_args(["validate", "--", "a.yaml"]).files == ["a.yaml"]
+
+
+@pytest.fixture
+def live_run(tmp_path, monkeypatch):
+    """A live run's state file in a temporary state dir; exec runs commands directly
+    (no namespace, no root) in place of ``mnexec -a PID``."""
+    from testbed.net import naming, registry
+    from testbed.scenario import serve
+
+    monkeypatch.setattr(naming, "STATE_DIR", tmp_path)
+    monkeypatch.setattr(serve, "find_host_shell", lambda recs, host, prefix: ("tb0b01", 1))
+    monkeypatch.setattr(serve, "exec_argv", lambda pid, command: command)
+    reg = registry.Registry("tb0b01")
+    reg.open()
+    yield reg
+    reg.teardown()
+
+
+def _attached():
+    from testbed.net import naming
+
+    return json.loads(naming.state_file("tb0b01").read_text())["attached"]
+
+
+def test_an_exec_command_is_in_the_state_file_while_it_runs(live_run, tmp_path):
+    from testbed.net import naming
+    from testbed.scenario.serve import run_in_host
+
+    seen = tmp_path / "seen.json"
+    code = ("import json, os, sys; rec = json.load(open(sys.argv[1])); "
+            "json.dump({'pid': os.getpid(), 'attached': rec['attached']}, open(sys.argv[2], 'w')); "
+            "sys.exit(3)")
+    assert run_in_host("client", [sys.executable, "-c", code,
+                                  str(naming.state_file("tb0b01")), str(seen)]) == 3
+    inside = json.loads(seen.read_text())
+    assert [e["pid"] for e in inside["attached"]] == [inside["pid"]]
+    assert inside["attached"][0]["what"].startswith(f"exec {sys.executable} -c ")
+    assert _attached() == []  # removed when it ended
+
+
+def test_the_runs_teardown_stops_a_running_exec_command(live_run):
+    from testbed.scenario.serve import run_in_host
+
+    result = {}
+    t = threading.Thread(target=lambda: result.update(
+        code=run_in_host("client", [sys.executable, "-c", "import time; time.sleep(60)"])))
+    t.start()
+    deadline = time.monotonic() + 10
+    while not _attached() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [e["what"].split()[0] for e in _attached()] == ["exec"]
+    live_run.stop_attached()
+    t.join(10)
+    assert not t.is_alive() and result["code"] == -signal.SIGINT
+    assert _attached() == []
