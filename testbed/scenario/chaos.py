@@ -5,7 +5,8 @@ interfaces, network namespaces, processes, the entries of the testbed's
 state folder), starts ``testbed run`` on a short scenario
 (tests/chaos/chaos-tiny.yaml by default), SIGKILLs at a seeded random moment
 either the runner (even cycles) or one of its role processes picked at
-random (odd cycles; the role is found in the run's state file), waits for
+random (odd cycles; the role is found in the run's state file, at the first
+moment after the drawn one that the run has roles), waits for
 the runner to end, runs ``testbed clean``, snapshots again and reports
 everything the cycle left (``leftovers``): every interface, namespace and
 state entry that is new by exact name, and every new process that belongs
@@ -171,13 +172,16 @@ def run_cycle(i: int, rng: random.Random, scenario: Path, work: Path, window_s: 
             if target == "runner":
                 os.kill(runner.pid, signal.SIGKILL)
                 res.killed = f"runner pid {runner.pid}"
-            else:
-                roles = role_pids(naming.STATE_DIR, runner.pid)
-                if roles:
+            else:  # the roles may not be up yet at the drawn moment: the first one after it
+                while runner.poll() is None and not (roles := role_pids(naming.STATE_DIR,
+                                                                          runner.pid)):
+                    time.sleep(0.05)
+                if runner.poll() is None:
                     pid, start, what = roles[int(pick * len(roles))]
                     if naming.pid_start_time(pid) == start:
                         os.kill(pid, signal.SIGKILL)
-                        res.killed = f"{what} pid {pid}"
+                        res.killed = (f"{what} pid {pid} at "
+                                      f"{time.monotonic() - t0:.2f} s")
         try:
             res.runner_exit = runner.wait(runner_timeout_s)
         except subprocess.TimeoutExpired:
