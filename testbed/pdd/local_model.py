@@ -93,19 +93,36 @@ class LocalPathModel:
         return max(finish, tail) - prefill_end_s
 
     def _advance(self, now_s: float) -> None:
-        """Move the fluid backlog on to ``now_s`` (transfers share the rate once started)."""
+        """Move the fluid backlog on to ``now_s`` (transfers share the rate once started).
+
+        Each step either ends at the next event time (a start, or ``now_s``) or
+        drains the smallest active transfer to exactly 0, so the loop makes at most
+        one step per transfer and per start. (It used to subtract ``share * dt``
+        with ``dt = remaining / share`` and test ``t < now_s``: rounding could leave
+        a residue of a few bytes whose ``dt`` no longer moved a clock of thousands
+        of seconds, and the router spun there for good; runs/suite2/loss, caught
+        with py-spy.)"""
         t = now_s if self._t_s is None else self._t_s
         self._t_s = max(t, now_s)
-        while t < now_s:
-            active = [x for x in self._transfers.values() if x.start_s <= t and x.remaining > 0]
-            pending = [x.start_s for x in self._transfers.values()
-                       if x.start_s > t and x.remaining > 0]
-            t_next = min([now_s] + pending)
+        live = [x for x in self._transfers.values() if x.remaining > 0]
+        for _ in range(3 * len(live) + 4):
+            if t >= now_s:
+                return
+            active = [x for x in live if x.start_s <= t and x.remaining > 0]
+            t_next = min([now_s] + [x.start_s for x in live if x.start_s > t and x.remaining > 0])
             if not active:
                 t = t_next
                 continue
             share = self.rate_bytes_s / len(active)
-            dt = min(t_next - t, min(x.remaining for x in active) / share)
-            for x in active:
-                x.remaining = max(0.0, x.remaining - share * dt)
-            t += dt
+            smallest = min(active, key=lambda x: x.remaining)
+            if smallest.remaining / share >= t_next - t:  # nobody finishes before t_next
+                sent = share * (t_next - t)
+                for x in active:
+                    x.remaining = max(0.0, x.remaining - sent)
+                t = t_next
+            else:  # the smallest finishes first: exactly 0, the others lose as much
+                sent, dt = smallest.remaining, smallest.remaining / share
+                for x in active:
+                    x.remaining = 0.0 if x is smallest else max(0.0, x.remaining - sent)
+                t = min(t + dt, t_next)
+        raise AssertionError("LocalPathModel._advance: more steps than transfers and starts")

@@ -323,24 +323,31 @@ def ps_finish_s(others: list[tuple[float, float]], mine: tuple[float, float], ra
     if me[1] <= 0:
         return max(now_s, me[0])
     t = now_s
-    while True:
+    # Each step ends at the next start or drains the smallest active job to exactly 0
+    # (no rounding residue can keep a job alive), so it takes at most one step per job
+    # and per start.
+    for _ in range(3 * len(jobs) + 4):
         active = [j for j in jobs if j[0] <= t and j[1] > 0]
         pending = [j[0] for j in jobs if j[0] > t and j[1] > 0]
         if not active:
             t = min(pending)
             continue
         share = rate / len(active)
-        dt_done = min(j[1] for j in active) / share
-        dt_next = (min(pending) - t) if pending else float("inf")
-        dt = min(dt_done, dt_next)
-        for j in active:
-            j[1] -= share * dt
-        t += dt
-        if me[1] <= 1e-9 * max(1.0, mine[1]):
+        smallest = min(active, key=lambda j: j[1])
+        dt_done = smallest[1] / share
+        if pending and min(pending) - t <= dt_done:
+            sent = share * (min(pending) - t)
+            for j in active:
+                j[1] = max(0.0, j[1] - sent)
+            t = min(pending)
+        else:
+            sent = smallest[1]
+            for j in active:
+                j[1] = 0.0 if j is smallest else max(0.0, j[1] - sent)
+            t += dt_done
+        if me[1] <= 0:
             return t
-        for j in active:
-            if j[1] <= 1e-9 * max(1.0, mine[1]):
-                j[1] = 0.0
+    raise AssertionError("ps_finish_s: more steps than jobs and starts")
 
 
 RR_MAX_STEPS = 100_000  # beyond this many chunks the fluid limit stands in (same rates)
