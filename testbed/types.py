@@ -30,3 +30,26 @@ class Pipeline(enum.Enum):
 class HandoffMode(enum.Enum):
     ONE_SHOT = "one-shot"
     CATCH_UP = "catch-up"
+
+
+class PddDefaults:
+    """The one source of the PDD settings a scenario may set (spec/scenario.py
+    ``PddSettings``) and a bare role config file defaults to (pdd/config.py):
+    both read their defaults from ``PDD_DEFAULTS``, so a scenario that leaves a
+    field out runs the roles with the value a role config file would get."""
+
+    kv_bytes_per_token = 50_000          # modeled big model's KV per token (nominal)
+    token_scale = 32                     # modeled prompt tokens per real (tiny-model) token
+    handoff_mode = HandoffMode.CATCH_UP
+    catchup_threshold_tokens = 64        # catch-up: a batch of at most this many is final
+    anomalous_filter = True              # long input + short output -> rld-only
+    late_kv_local = True                 # rld-only when the KV would reach MD after the end
+    anomalous_min_input_tokens = 65536   # modeled prompt tokens (real x token_scale) >=
+    anomalous_max_output_tokens = 500    # the brief: "< 500 output tokens"
+    relay_threshold_s = 0.5              # relay when it gains at least this
+    relay_margin_quantile = 0.9          # quantile of recent prediction errors added
+    time_scale = 1.0                     # multiplies every modeled compute time
+    request_timeout_s = 120.0            # a request not finished this long after sending fails
+
+
+PDD_DEFAULTS = PddDefaults()

@@ -33,9 +33,10 @@ from typing import Any
 
 from testbed.errors import SpecError
 from testbed.strict import MAX_INT, finite, parse_json, read_text
-from testbed.pdd.costmodel import BIG_MODEL, GPU_A, GPU_B, CostModel, ModelProfile
+from testbed.pdd.costmodel import GPU_A, GPU_B, CostModel, ModelProfile
 from testbed.pdd.model import ModelConfig
 from testbed.pdd.wire import Role
+from testbed.types import PDD_DEFAULTS as _D
 from testbed.types import HandoffMode, Mode, Pipeline
 
 # The tiny model the roles run in a scenario (testbed/scenario/cluster_config.py)
@@ -66,11 +67,11 @@ class Instance:
 class TimingConfig:
     """How real compute is padded to the modeled big model, and how sizes are scaled."""
 
-    time_scale: float = _f(1.0, "multiplies every modeled compute duration (prefill, decode "
+    time_scale: float = _f(_D.time_scale, "multiplies every modeled compute duration (prefill, decode "
                            "step, extend); < 1 runs faster than the modeled hardware", lo=1e-6)
     kv_scale_k: float = _f(10.0, "bandwidth scale k: KV payloads are modeled bytes / k", lo=1.0)
-    kv_bytes_per_token: int = _f(BIG_MODEL.kv_bytes_per_token, "modeled KV bytes per token", lo=1)
-    token_scale: int = _f(1, "modeled prompt tokens per real (tiny-model) token: KV bytes and "
+    kv_bytes_per_token: int = _f(_D.kv_bytes_per_token, "modeled KV bytes per token", lo=1)
+    token_scale: int = _f(_D.token_scale, "modeled prompt tokens per real (tiny-model) token: KV bytes and "
                           "compute contexts are token_scale x the tiny model's; output tokens "
                           "are 1:1", lo=1)
     n_chips: int = _f(4, "chips per P / RLD / MD instance", lo=1)
@@ -99,8 +100,8 @@ class PrefillConfig:
 
 @dataclass(frozen=True)
 class RelayConfig:
-    handoff_mode: HandoffMode = _f(HandoffMode.CATCH_UP, "one-shot | catch-up")
-    catchup_threshold: int = _f(64, "catch-up: a batch of at most this many tokens is final",
+    handoff_mode: HandoffMode = _f(_D.handoff_mode, "one-shot | catch-up")
+    catchup_threshold: int = _f(_D.catchup_threshold_tokens, "catch-up: a batch of at most this many tokens is final",
                                 lo=0)
     catchup_max_batches: int = _f(8, "catch-up: the batch with this number (1-based) is final "
                                   "whatever its size, so a slow WAN cannot loop forever", lo=1)
@@ -119,10 +120,10 @@ class MainConfig:
 
 @dataclass(frozen=True)
 class RouterConfig:
-    relay_threshold_s: float = _f(0.5, "pdd: relay (p-rld-md) when the predicted WAN KV time "
+    relay_threshold_s: float = _f(_D.relay_threshold_s, "pdd: relay (p-rld-md) when the predicted WAN KV time "
                                   "(prefill end -> KV at MD, plus the margin) exceeds the "
                                   "predicted local one (KV at RLD) by at least this", lo=0.0)
-    relay_margin_quantile: float = _f(0.9, "pdd: the threshold test uses the prediction plus "
+    relay_margin_quantile: float = _f(_D.relay_margin_quantile, "pdd: the threshold test uses the prediction plus "
                                       "this quantile of recent near-threshold prediction "
                                       "errors (actual - predicted); 0: the prediction alone",
                                       lo=0.0, hi=1.0)
@@ -130,12 +131,12 @@ class RouterConfig:
                              "cost model's budget (batch and KV memory)", lo=0)
     rld_step_budget_ms: float = _f(50.0, "RLD's batch is capped where its modeled decode step "
                                    "(unscaled) would exceed this", lo=1.0)
-    anomalous_filter: bool = _f(True, "long input + short output -> rld-only (no WAN)")
-    late_kv_local: bool = _f(True, "pdd: rld-only (no WAN transfer) when the KV would reach MD "
+    anomalous_filter: bool = _f(_D.anomalous_filter, "long input + short output -> rld-only (no WAN)")
+    late_kv_local: bool = _f(_D.late_kv_local, "pdd: rld-only (no WAN transfer) when the KV would reach MD "
                              "after RLD has decoded every token")
-    anomalous_min_input_tokens: int = _f(32768, "anomalous filter: modeled prompt length "
+    anomalous_min_input_tokens: int = _f(_D.anomalous_min_input_tokens, "anomalous filter: modeled prompt length "
                                          "(tokens x token_scale) >=", lo=1)
-    anomalous_max_output_tokens: int = _f(500, "anomalous filter: max output <", lo=1)
+    anomalous_max_output_tokens: int = _f(_D.anomalous_max_output_tokens, "anomalous filter: max output <", lo=1)
     wan_prior_gbit: float = _f(10.0, "the WAN line rate, nominal Gbit/s: the capacity "
                                "estimate before MD's first busy interval, and its ceiling",
                                lo=1e-9)
@@ -154,7 +155,7 @@ class RouterConfig:
 
 @dataclass(frozen=True)
 class ClientConfig:
-    request_timeout_s: float = _f(30.0, "a request not finished this long after sending fails",
+    request_timeout_s: float = _f(_D.request_timeout_s, "a request not finished this long after sending fails",
                                   lo=0.0)
     report_grace_s: float = _f(2.0, "after the last request ends, wait this long for REPORTs",
                                lo=0.0)

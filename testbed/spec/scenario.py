@@ -23,6 +23,7 @@ from testbed.spec.faults import FaultSpec, parse_faults
 from testbed.spec.link import parse_link
 from testbed.spec.reader import Fields, is_file, load_yaml
 from testbed.spec.topology import Topology, load_topology
+from testbed.types import PDD_DEFAULTS as _D
 from testbed.types import HandoffMode, Mode
 
 
@@ -40,18 +41,19 @@ NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 class PddSettings:
     """Role settings shared by every mode of a scenario."""
 
-    kv_bytes_per_token: int = 50_000     # modeled big model's KV per token (nominal)
-    token_scale: int = 32                # modeled tokens per real (tiny-model) token
-    handoff_mode: HandoffMode = HandoffMode.CATCH_UP
-    catchup_threshold_tokens: int = 64
-    anomalous_filter: bool = True
-    late_kv_local: bool = True           # rld-only when the KV would reach MD after the last token
-    anomalous_min_input_tokens: int = 65536   # modeled (real x token_scale)
-    anomalous_max_output_tokens: int = 500
-    relay_threshold_s: float = 0.5       # expected WAN time above which pdd relays
-    relay_margin_quantile: float = 0.9   # p-md only if prediction + this quantile of its error
-    time_scale: float = 1.0              # multiplies every modeled compute time
-    request_timeout_s: float = 120.0
+    # defaults: testbed.types.PDD_DEFAULTS, shared with the role config (pdd/config.py)
+    kv_bytes_per_token: int = _D.kv_bytes_per_token
+    token_scale: int = _D.token_scale
+    handoff_mode: HandoffMode = _D.handoff_mode
+    catchup_threshold_tokens: int = _D.catchup_threshold_tokens
+    anomalous_filter: bool = _D.anomalous_filter
+    late_kv_local: bool = _D.late_kv_local
+    anomalous_min_input_tokens: int = _D.anomalous_min_input_tokens
+    anomalous_max_output_tokens: int = _D.anomalous_max_output_tokens
+    relay_threshold_s: float = _D.relay_threshold_s
+    relay_margin_quantile: float = _D.relay_margin_quantile
+    time_scale: float = _D.time_scale
+    request_timeout_s: float = _D.request_timeout_s
 
 
 @dataclass(frozen=True)
