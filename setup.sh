@@ -7,6 +7,17 @@ cd "$(dirname "$0")"
 
 APT_PACKAGES=(mininet bridge-utils iputils-ping iperf3 iproute2 tcpdump strace kmod procps
               qemu-system-x86 busybox-static)  # the last two: the netem VM harness (tests/vm)
+# quiet CMD...: run CMD with its output kept in a log; print the log only if it fails
+# (a user sees what matters: an error, not apt's and setuptools' chatter).
+LOG=$(mktemp -t testbed-setup.XXXXXX)
+trap 'rm -f "$LOG"' EXIT
+quiet() {
+  if ! "$@" >"$LOG" 2>&1; then
+    cat "$LOG" >&2
+    echo "setup.sh: failed: $*" >&2
+    exit 1
+  fi
+}
 if [ "$(id -u)" -ne 0 ]; then
   echo "setup.sh: run as root (sudo ./setup.sh): it installs system packages" >&2
   exit 2
@@ -17,17 +28,18 @@ for p in "${APT_PACKAGES[@]}"; do
 done
 python3 -m venv --help >/dev/null 2>&1 || missing+=(python3-venv)
 if [ ${#missing[@]} -gt 0 ]; then
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  echo "setup.sh: installing ${missing[*]}"
+  quiet apt-get update -qq
+  quiet env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
 fi
 
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
-.venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v -i warning || true
+quiet .venv/bin/python -m pip install -q --upgrade pip
 # torch first and pinned: a plain 'torch' requirement pulls a multi-GB CUDA build.
-.venv/bin/python -m pip install -q torch==2.13.0 2>&1 | grep -v -i warning || true
-.venv/bin/python -m pip install -q -e '.[test]' 2>&1 | grep -v -i warning || true
+quiet .venv/bin/python -m pip install -q torch==2.13.0
+quiet .venv/bin/python -m pip install -q -e '.[test]'
 .venv/bin/python -c "import testbed, torch, pyroute2, mininet, scapy, yaml" \
   || { echo "setup.sh: the virtualenv is incomplete" >&2; exit 1; }
 echo "setup.sh: ready (.venv/bin/testbed)"

@@ -6,7 +6,7 @@ gets random bytes, random structures, spliced and mutated valid examples;
 explicit regressions pin the failures found on main (a UnicodeDecodeError
 and a RecursionError traceback from ``testbed validate``) and check that the
 CLI answers bad input with exit 2 and one line naming the file and field.
-The big run is ``testbed bench fuzz`` (README.md).
+The big run is ``testbed bench fuzz`` (docs/robustness.md).
 """
 
 from __future__ import annotations
