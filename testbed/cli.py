@@ -196,7 +196,7 @@ def cmd_reproduce(args) -> int:
     if not args.from_runs:
         from dataclasses import replace
 
-        from testbed.pdd.bench import run_handoff_bench
+        from testbed.bench.handoff import run_handoff_bench
         from testbed.scenario.runner import run_scenario
         from testbed.spec.scenario import load_scenario
         from testbed.spec.topology import load_topology

@@ -3,7 +3,7 @@
 Mode: what the router may choose; Pipeline: the path of one request;
 HandoffMode: how RLD hands over. The link Backend lives with the shaping
 arithmetic (testbed.net.shaping); role names in topologies are
-testbed.spec.topology.Role and on the wire testbed.pdd.wire.Role (an
+testbed.spec.topology.Role and on the wire testbed.pdd.wire.fields.Role (an
 integer encoding of the same roles).
 """
 
@@ -34,7 +34,7 @@ class HandoffMode(enum.Enum):
 
 class PddDefaults:
     """The one source of the PDD settings a scenario may set (spec/scenario.py
-    ``PddSettings``) and a bare role config file defaults to (pdd/config.py):
+    ``PddSettings``) and a bare role config file defaults to (pdd/run/config.py):
     both read their defaults from ``PDD_DEFAULTS``, so a scenario that leaves a
     field out runs the roles with the value a role config file would get."""
 

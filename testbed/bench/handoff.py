@@ -2,7 +2,7 @@
 
 Owns the benchmark's set-up: the default topology with WAN jitter, N TCP
 cross-traffic flows over the WAN, the two endpoints of
-``testbed.pdd.handoff_bench`` in the MD and RLD hosts, and the statistics
+``testbed.bench.handoff_bench`` in the MD and RLD hosts, and the statistics
 (mean, max, std, p50, p99 per method) of the trials. Nominal figures: the
 KV payload is bytes/k on a link of rate/k, so its transfer time is the
 nominal one; the recompute is the cost model's GPU_B extend time.
@@ -41,13 +41,13 @@ def run_handoff_bench(topo, backend=None, scale=None, trials: int = 30, jitter_m
     with open_network(topo, backend, scale) as net:
         k = net.plan.scale
         runtime.set_link(net, "wan", jitter_ms=jitter_ms)
-        net.popen(md.name, [sys.executable, "-m", "testbed.pdd.handoff_bench", "server",
+        net.popen(md.name, [sys.executable, "-m", "testbed.bench.handoff_bench", "server",
                                      "--port", str(PORT), "--out", str(out)],
                            what="handoff bench server")
         wait_listening(net, md.name, PORT, timeout_s=60)
         flows = start_cross_traffic(net, cross_flows) if cross_flows else None
         time.sleep(2)
-        r = net.run(rld.name, [sys.executable, "-m", "testbed.pdd.handoff_bench", "client",
+        r = net.run(rld.name, [sys.executable, "-m", "testbed.bench.handoff_bench", "client",
                                "--host", md.ip, "--port", str(PORT), "--trials", str(trials),
                                "--scale", str(k)], timeout=600)
         if flows:

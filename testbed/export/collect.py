@@ -71,8 +71,8 @@ def _events(client: dict, mode: dict) -> list[dict]:
 
 
 def _verify(mode_out: Path) -> dict:
-    from testbed.pdd.config import load_config
-    from testbed.pdd.verify import verify_records
+    from testbed.pdd.run.config import load_config
+    from testbed.pdd.run.verify import verify_records
 
     records = [json.loads(x) for x in (mode_out / "requests.jsonl").read_text().splitlines()
                if x.strip()]

@@ -2,7 +2,7 @@
 
 - ``role CONFIG NAME``: waits until the instance's own Service name
   resolves (a headless Service publishes the pod's IP, which the role binds
-  to), then runs ``python -m testbed.pdd.node CONFIG NAME`` unchanged, as
+  to), then runs ``python -m testbed.pdd.run.node CONFIG NAME`` unchanged, as
   its child: SIGTERM/SIGINT are passed on, its exit code is ours, and once
   it prints ``ready`` (the router: after connecting to every P, RLD and
   MD) ``GET /ready`` on ``--health-port`` answers 200 (the pod's
@@ -14,7 +14,7 @@
   port accepts, for roles started otherwise, e.g. on loopback); replay the warm-up requests (records
   in ``DIR/warmup.jsonl``); answer ready; on the Workflow's ``POST /start``
   replay the measured requests with the same client code the single
-  machine runs (``testbed.pdd.node.run_client``) into
+  machine runs (``testbed.pdd.run.node.run_client``) into
   ``DIR/requests.jsonl``; write ``DIR/client.json`` (the start and end on
   this pod's monotonic clock, which every time in requests.jsonl uses);
   stay up ``--linger-s`` so ``kubectl cp`` can copy DIR (``POST /exit``
@@ -148,10 +148,10 @@ def run_gated(argv: list[str], health_port: int) -> int:
 
 
 def cmd_role(args) -> int:
-    from testbed.pdd.config import load_config
+    from testbed.pdd.run.config import load_config
 
     wait_resolvable(load_config(args.config).instance(args.name).host)
-    return run_gated([sys.executable, "-m", "testbed.pdd.node", args.config, args.name,
+    return run_gated([sys.executable, "-m", "testbed.pdd.run.node", args.config, args.name,
                       "--log-level", "INFO"], args.health_port)
 
 
@@ -168,11 +168,11 @@ def _split_workload(path: str, results: Path) -> tuple[Path | None, Path]:
 
 
 def cmd_client(args) -> int:
-    from testbed.pdd.config import load_config
-    from testbed.pdd.node import run_client
-    from testbed.pdd.wire import Role
+    from testbed.pdd.run.config import load_config
+    from testbed.pdd.run.node import run_client
+    from testbed.pdd.wire.fields import Role
 
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,  # as testbed.pdd.node does
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,  # as testbed.pdd.run.node does
                         format=f"%(asctime)s {args.name} %(levelname)s %(name)s: %(message)s")
     cfg = load_config(args.config)
     results = Path(args.results)

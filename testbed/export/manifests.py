@@ -29,8 +29,8 @@ from dataclasses import dataclass
 
 from testbed.export.chaos import CLIENT_PORT, DC_LABEL, INSTANCE_LABEL, TRIGGER_PORT
 from testbed.export.inpod import HEALTH_PORT
-from testbed.pdd.config import TimingConfig
-from testbed.pdd.wire import Role
+from testbed.pdd.run.config import TimingConfig
+from testbed.pdd.wire.fields import Role
 
 CONFIG_DIR = "/etc/testbed"
 RESULTS_DIR = "/results"

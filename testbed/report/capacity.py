@@ -3,7 +3,7 @@
 Owns PlanWorkload, Capacities, Fleet, Prices, ``capacities_from_cost_model``,
 ``size_fleets``, ``fleet_cost``, ``compare_fleets``, ``implied_wan_price``,
 ``load_capacity_config`` and ``format_plan``. No I/O except reading the
-optional YAML file; the per-chip capacities come from testbed.pdd.costmodel
+optional YAML file; the per-chip capacities come from testbed.pdd.compute.costmodel
 (read-only import), or the caller passes its own.
 
 The calculation, for a demand of ``demand_rps`` requests of one shape
@@ -42,7 +42,7 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from testbed.pdd.costmodel import BIG_MODEL, GPU_A, GPU_B, ChipProfile, CostModel, ModelProfile
+from testbed.pdd.compute.costmodel import BIG_MODEL, GPU_A, GPU_B, ChipProfile, CostModel, ModelProfile
 
 WAN_LINE_PRICE_DEFAULT = 1.0 / 3.0  # GPU-A prices; implied by the brief (implied_wan_price)
 
@@ -123,7 +123,7 @@ def decode_rps_per_chip(cost: CostModel, wl: PlanWorkload) -> float:
 def capacities_from_cost_model(wl: PlanWorkload, chip_a: ChipProfile = GPU_A,
                                chip_b: ChipProfile = GPU_B, n_chips: int = 4,
                                model: ModelProfile | None = None) -> Capacities:
-    """Per-chip capacities from the testbed's roofline (testbed.pdd.costmodel)."""
+    """Per-chip capacities from the testbed's roofline (testbed.pdd.compute.costmodel)."""
     model = model or replace(BIG_MODEL, kv_bytes_per_token=wl.kv_bytes_per_token)
     a, b = CostModel(chip_a, model, n_chips), CostModel(chip_b, model, n_chips)
     prefill_s = a.prefill_s(wl.miss_tokens, wl.context_tokens - wl.miss_tokens)

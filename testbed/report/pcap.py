@@ -15,7 +15,7 @@ What it computes, per TCP/UDP flow (5-tuple, one direction each):
   node sees both);
 - PDD frames found in the captured payload: a frame header at the start of
   a segment (or right after a whole frame in the same segment) whose magic,
-  version and header CRC check out (testbed.pdd.protocol.parse_header), by
+  version and header CRC check out (testbed.pdd.wire.protocol.parse_header), by
   message type with each frame's size on the wire; a HANDOFF frame's token
   count is (payload - 9) / 4, and it must carry no filler (no KV).
 Per path (source -> destination address, or the names given): bytes,
@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Iterable, Mapping
 
 from testbed.errors import ProtocolError, TestbedError
-from testbed.pdd.protocol import HEADER_SIZE, MsgType, parse_header
+from testbed.pdd.wire.protocol import HEADER_SIZE, MsgType, parse_header
 
 CROSS_PORTS = range(5300, 5400)  # iperf3 cross traffic (testbed/net/crosstraffic.py)
 HANDOFF_FIXED = 9  # HANDOFF payload: batch u32, start u32, final u8, then u32 token ids

@@ -1,7 +1,7 @@
 """The cluster config of one mode as plain data: pure, no network, no processes.
 
 Owns the mapping from a topology's hosts and a mode's role settings to the
-JSON that ``testbed.pdd.config`` validates and every role process reads:
+JSON that ``testbed.pdd.run.config`` validates and every role process reads:
 one instance per role of a host (named after the host; a client that
 shares its host with the router gets ``{host}c``), port ``BASE_PORT`` + the
 host's index, datacenter ``A`` (the topology's first) or ``B``. Where an
@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Callable
 
 from testbed.spec.topology import HostSpec, Role as TopoRole, Topology
-from testbed.pdd.config import RUN_MODEL
+from testbed.pdd.run.config import RUN_MODEL
 
 BASE_PORT = 7100
 ROLE_NAMES = {TopoRole.PREFILL: "prefill", TopoRole.RELAY_DECODE: "relay_decode",
@@ -79,7 +79,7 @@ def local_gbit(topo: Topology) -> float:
 
 def workload_lines(workload) -> list[dict]:
     """The client's workload.jsonl as objects: warm-up requests (``"warmup": true``)
-    first, then the measured ones (``testbed.pdd.client.load_requests`` reads them)."""
+    first, then the measured ones (``testbed.pdd.roles.client.load_requests`` reads them)."""
     out = []
     for r in workload.warmup + workload.requests:
         line = {"id": r.id, "arrival_s": r.arrival_s, "prompt": list(r.prompt),

@@ -3,7 +3,7 @@
 Owns the bridge between a scenario and ``testbed.pdd``: it writes the
 cluster config (every role instance at its host's address, the mode, the
 scenario's role settings, k and the WAN prior), writes the workload as
-JSONL, starts one ``python -m testbed.pdd.node`` per role inside its host
+JSONL, starts one ``python -m testbed.pdd.run.node`` per role inside its host
 (registered with the network's registry, so teardown and ``testbed clean``
 stop them), waits for each ``ready``, then starts the client. It can kill a
 role process (fault ``kill``) and stops everything at the end.
@@ -30,7 +30,7 @@ _START_ORDER = ("prefill", "relay_decode", "main_decode", "router")
 
 
 def cluster_dict(net, mode_run, settings) -> dict:
-    """The cluster config (plain data, validated by testbed.pdd.config): every
+    """The cluster config (plain data, validated by testbed.pdd.run.config): every
     instance at its host's IP (``testbed.scenario.cluster_config``)."""
     return cluster_dict_for(net.plan.topology, net.plan.scale, mode_run, settings)
 
@@ -60,7 +60,7 @@ class RoleSet:
 
     def _start(self, inst: dict, extra: list[str], log_mode: str = "w") -> subprocess.Popen:
         log = (self.logs / f"{inst['name']}.log").open(log_mode)
-        argv = [sys.executable, "-m", "testbed.pdd.node", str(self.config_path), inst["name"],
+        argv = [sys.executable, "-m", "testbed.pdd.run.node", str(self.config_path), inst["name"],
                 "--log-level", "INFO"] + extra
         proc = self.net.popen(self._host_of(inst), argv, what=f"{inst['role']} {inst['name']}",
                               stdout=subprocess.PIPE, stderr=log)

@@ -141,8 +141,8 @@ def run_mode(sc: Scenario, mode: ModeRun, plan_args: dict, out: Path,
 def verify_mode(mode_dir: Path) -> dict:
     """Every request's tokens vs a plain single-process greedy decode of its
     prompt (after the network is down, so it does not steal the run's CPU)."""
-    from testbed.pdd.config import load_config
-    from testbed.pdd.verify import verify_records
+    from testbed.pdd.run.config import load_config
+    from testbed.pdd.run.verify import verify_records
 
     path = mode_dir / "requests.jsonl"
     records = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] \

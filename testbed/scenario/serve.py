@@ -2,7 +2,7 @@
 
 ``serve(topology, mode, opts)`` builds the emulated network, starts the PDD
 roles of ``mode`` in their hosts (``roles.RoleSet``, as ``testbed run``
-does) and the OpenAI-compatible gateway (``python -m testbed.pdd.gateway``)
+does) and the OpenAI-compatible gateway (``python -m testbed.pdd.roles.gateway``)
 in the client host, registered with the network's registry like every
 role. It writes ``serve.json`` into the output folder (URL, model, client
 host, the run's prefix) next to ``cluster.json``, the roles' logs and the
@@ -137,7 +137,7 @@ def _interrupt(proc: subprocess.Popen, timeout_s: float = 10.0) -> int:
 
 
 def gateway_argv(config_path: Path, name: str, ip: str, port: int, out: Path) -> list[str]:
-    return [sys.executable, "-m", "testbed.pdd.gateway", str(config_path), name,
+    return [sys.executable, "-m", "testbed.pdd.roles.gateway", str(config_path), name,
             "--host", ip, "--port", str(port), "--out", str(out), "--log-level", "INFO"]
 
 
@@ -154,7 +154,7 @@ def serve(topo, mode, opts: ServeOptions) -> dict:
     from testbed.net.build import open_network
     from testbed.net.events import EventLog
     from testbed.net.shaping import Backend
-    from testbed.pdd.gateway import DEFAULT_MODEL
+    from testbed.pdd.roles.gateway import DEFAULT_MODEL
     from testbed.scenario.roles import RoleSet, _wait_ready, cluster_dict
     from testbed.scenario.runner import preflight, verify_mode
     from testbed.spec.scenario import ModeRun, PddSettings

@@ -90,8 +90,8 @@ def _mooncake_example() -> bytes:
 
 
 def reader_table() -> dict[str, Reader]:
-    from testbed.pdd.client import load_requests
-    from testbed.pdd.config import load_config
+    from testbed.pdd.roles.client import load_requests
+    from testbed.pdd.run.config import load_config
     from testbed.spec.faults import load_rate_trace
     from testbed.spec.scenario import load_scenario
     from testbed.spec.topology import load_topology

@@ -41,7 +41,7 @@ NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 class PddSettings:
     """Role settings shared by every mode of a scenario."""
 
-    # defaults: testbed.types.PDD_DEFAULTS, shared with the role config (pdd/config.py)
+    # defaults: testbed.types.PDD_DEFAULTS, shared with the role config (pdd/run/config.py)
     kv_bytes_per_token: int = _D.kv_bytes_per_token
     token_scale: int = _D.token_scale
     handoff_mode: HandoffMode = _D.handoff_mode

@@ -1,7 +1,7 @@
 """Measured prefix hit rates: an unbounded block prefix cache replayed over the prompts.
 
 Owns ``PrefixCacheSim`` and ``measure_hit_tokens``. This is how the prefill
-role's radix cache (testbed.pdd.radix, block size 16, never evicting) would
+role's radix cache (testbed.pdd.compute.radix, block size 16, never evicting) would
 see a workload: prompts are inserted in arrival order; a prompt's hit is its
 longest prefix of whole 16-token blocks that an earlier prompt already
 inserted; a trailing partial block never hits and is never cached. Only

@@ -1,6 +1,6 @@
 """Token IDs for workloads: the vocabulary, cheap prompt tuples, hashed blocks.
 
-Owns VOCAB_SIZE (the tiny model's vocabulary, testbed.pdd.model's default
+Owns VOCAB_SIZE (the tiny model's vocabulary, testbed.pdd.compute.model's default
 ``vocab_size``), ``as_prompt`` (numpy array -> tuple whose ints are shared,
 so a million-token workload costs ~8 bytes per token) and ``hashed_tokens``
 (a deterministic block of token IDs per Mooncake hash id: equal ids give

@@ -16,10 +16,10 @@ from __future__ import annotations
 import asyncio
 import random
 
-from testbed.pdd.client_record import ClientRequest
-from testbed.pdd.cluster import start_cluster
-from testbed.pdd.config import ClusterConfig, parse_config
-from testbed.pdd.fake_wan import LinkShape, wan_network
+from testbed.pdd.roles.client_record import ClientRequest
+from testbed.pdd.run.cluster import start_cluster
+from testbed.pdd.run.config import ClusterConfig, parse_config
+from testbed.pdd.wire.fake_wan import LinkShape, wan_network
 
 WAN = LinkShape(delay_s=0.05, jitter_s=0.005, rate_bytes_s=10e6)
 

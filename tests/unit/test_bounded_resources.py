@@ -18,16 +18,16 @@ import zlib
 import pytest
 
 from testbed.errors import ProtocolError, SpecError
-from testbed.pdd.config import frame_limit, kv_chunk_bounds
-from testbed.pdd.fake_transport import FakeNetwork
-from testbed.pdd.kvpayload import kv_chunk
-from testbed.pdd.model import ModelConfig, TinyDecoder
-from testbed.pdd.node import tcp_options
-from testbed.pdd.peers import Peer, RoleServer, request_problem
-from testbed.pdd.protocol import (HEADER_SIZE, MAGIC, VERSION, Cancel, Error, ErrorCode, Frame,
+from testbed.pdd.run.config import frame_limit, kv_chunk_bounds
+from testbed.pdd.wire.fake_transport import FakeNetwork
+from testbed.pdd.wire.kvpayload import kv_chunk
+from testbed.pdd.compute.model import ModelConfig, TinyDecoder
+from testbed.pdd.run.node import tcp_options
+from testbed.pdd.roles.peers import Peer, RoleServer, request_problem
+from testbed.pdd.wire.protocol import (HEADER_SIZE, MAGIC, VERSION, Cancel, Error, ErrorCode, Frame,
                                   FrameDecoder, FrameLimits, Health, Hello, KvChunk, MsgType,
                                   Request, Role, Tokens, encode_frame)
-from testbed.pdd.transport import ConnectionClosed, TcpOptions, TcpTransport
+from testbed.pdd.wire.transport import ConnectionClosed, TcpOptions, TcpTransport
 from tests.unit.pdd_fixtures import small_config
 
 _PREFIX = struct.Struct("!2sBBBQIII")
@@ -252,7 +252,7 @@ def test_a_stranger_cannot_make_a_role_buffer_kv():
 def test_stray_frames_are_counted_and_logged(caplog):
     role = EchoRole(small_config(), "p0", FakeNetwork().host("p0"))
     peer = Peer(None, Role.MAIN_DECODE, "md0", outbound=False)
-    with caplog.at_level("WARNING", "testbed.pdd.peers"):
+    with caplog.at_level("WARNING", "testbed.pdd.roles.peers"):
         for rid in range(25):
             role.stray(peer, Frame(rid + 100, Cancel()))
     assert role.stray_frames == 25

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from testbed.errors import SpecError
-from testbed.pdd.costmodel import GPU_A, GPU_B, CostModel
+from testbed.pdd.compute.costmodel import GPU_A, GPU_B, CostModel
 from testbed.report.capacity import (CapacityConfig, Capacities, Fleet, PlanWorkload, Prices,
                                      capacities_from_cost_model, compare_fleets,
                                      decode_rps_per_chip, fleet_cost, implied_wan_price,

@@ -50,11 +50,11 @@ def test_new_interfaces_namespaces_and_state_are_named_exactly():
 
 
 def test_a_new_process_counts_only_if_it_belongs_to_the_cycle():
-    role = Process(600, 5, f"python -m testbed.pdd.node {MARK}/pdd/cluster.json md0", ROOT_NS)
+    role = Process(600, 5, f"python -m testbed.pdd.run.node {MARK}/pdd/cluster.json md0", ROOT_NS)
     other = Process(601, 5, "python -m pytest -q tests/unit", ROOT_NS)  # someone else's
-    older_run = Process(602, 5, "python -m testbed.pdd.node /tmp/other/cluster.json p0", ROOT_NS)
+    older_run = Process(602, 5, "python -m testbed.pdd.run.node /tmp/other/cluster.json p0", ROOT_NS)
     got = leftovers(BEFORE, after(processes=BEFORE.processes + (role, other, older_run)), MARK)
-    assert got == [f"process 600 (python -m testbed.pdd.node {MARK}/pdd/cluster.json md0)"]
+    assert got == [f"process 600 (python -m testbed.pdd.run.node {MARK}/pdd/cluster.json md0)"]
 
 
 def test_a_recycled_pid_is_a_new_process():

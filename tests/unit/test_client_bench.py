@@ -1,4 +1,4 @@
-"""``python -m testbed.pdd.client_bench``: an unmodified client command against the
+"""``python -m testbed.bench.client_bench``: an unmodified client command against the
 gateway on loopback roles, then the gateway's own TTFT figures and verification."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from testbed.pdd.client_bench import gateway_stats, main, percentile
-from testbed.pdd.verify import Verdict
+from testbed.bench.client_bench import gateway_stats, main, percentile
+from testbed.pdd.run.verify import Verdict
 
 
 def test_percentile_interpolates_like_numpy():
@@ -51,7 +51,7 @@ def test_a_client_command_runs_against_the_gateway(tmp_path, capsys):
 
 
 def test_a_mooncake_slice_is_scaled_like_the_scenario(tmp_path):
-    from testbed.pdd.client_bench import MOONCAKE_TRACE, scale_trace
+    from testbed.bench.client_bench import MOONCAKE_TRACE, scale_trace
 
     assert scale_trace(MOONCAKE_TRACE, tmp_path / "slice.jsonl", 5) == 5
     src = [json.loads(x) for x in MOONCAKE_TRACE.read_text().splitlines()[:5]]

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from testbed.pdd.costmodel import (
+from testbed.pdd.compute.costmodel import (
     BIG_MODEL, GPU_A, GPU_B, BatchClock, ChipProfile, CostModel, ModelProfile,
 )
 

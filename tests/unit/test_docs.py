@@ -12,7 +12,7 @@ Three checks, no root, no network:
   and only long flags that subcommand (or the top-level parser) accepts;
   ``python -m testbed.vm SUBCOMMAND --flag`` likewise against
   ``testbed.vm.__main__.build_parser()``;
-- every dotted module cited (``testbed.pdd.verify``) is a module or
+- every dotted module cited (``testbed.pdd.run.verify``) is a module or
   package of the repository, or one attribute of one
   (``testbed.vm.run_in_guest``).
 
@@ -171,14 +171,16 @@ def test_the_check_sees_the_citations_it_exists_for():
     readme = ROOT / "README.md"
     assert "docs/run-directory.md" in cited_paths(readme)
     assert "testbed/net/delayline.py" in cited_paths(readme)
+    assert "testbed/pdd/wire/kvpayload.py" in cited_paths(ROOT / "docs" / "design.md")
     commands = cited_commands(readme)
     assert ("testbed", "calibrate", ("--json", "--wan-rate-gbit", "--wan-rtt-ms",
                                      "--wan-loss-pct", "--shaper-rate")) in commands
-    assert ("testbed", "check", ("--no-measure",)) in commands  # a span over two lines
     assert any(sub == "run" and "--dry-run" in flags for _, sub, flags in commands)
-    assert ("testbed.vm", "scenario", ("--backend", "--out")) in commands
-    assert ("testbed.vm", "run", ()) in commands  # "-- tc qdisc ..." is the guest's command
-    assert "testbed.pdd.verify" in cited_modules(readme) | cited_modules(ROOT / "docs" /
+    backends = cited_commands(ROOT / "docs" / "backends.md")
+    assert ("testbed", "check", ("--no-measure",)) in backends  # a span over two lines
+    assert ("testbed.vm", "scenario", ("--backend", "--out")) in backends
+    assert ("testbed.vm", "run", ()) in backends  # "-- tc qdisc ..." is the guest's command
+    assert "testbed.pdd.run.verify" in cited_modules(readme) | cited_modules(ROOT / "docs" /
                                                                           "pdd-roles.md")
 
 
@@ -186,7 +188,7 @@ def test_the_check_sees_the_citations_it_exists_for():
     ("runs/quickstart/report.md", True), ("/run/testbed/tb1a2b.json", True),
     ("MODE/roles/NAME.log", True), ("DIR/suite.json", True), ("topologies/*.yaml", True),
     ("scenarios/X.yaml", True), ("scenarios/loss.yaml", False),
-    ("testbed/pdd/router.py", False), ("docs/design.md", False), ("docs/README.md", False),
+    ("testbed/pdd/roles/router.py", False), ("docs/design.md", False), ("docs/README.md", False),
     ("scenarios/LOSS.yaml", False), ("runsx/a.md", False),
 ])
 def test_exemptions_are_narrow(path, exempt):
@@ -202,4 +204,4 @@ def test_a_wrong_citation_is_caught(tmp_path):
     assert ("testbed", "run", ("--no-such-flag",)) in cited_commands(doc)
     assert ("testbed", "frobnicate", ()) in cited_commands(doc)
     assert not module_exists("testbed.pdd.nope")
-    assert module_exists("testbed.pdd.verify") and module_exists("testbed.vm.run_in_guest")
+    assert module_exists("testbed.pdd.run.verify") and module_exists("testbed.vm.run_in_guest")

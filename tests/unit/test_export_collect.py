@@ -11,8 +11,8 @@ import pytest
 from testbed.export.build import ExportOptions, build_export
 from testbed.export.collect import CollectError, collect
 from testbed.export.write import run_metadata, write_export
-from testbed.pdd.config import parse_config
-from testbed.pdd.model import build_model
+from testbed.pdd.run.config import parse_config
+from testbed.pdd.compute.model import build_model
 from testbed.spec.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,7 +10,7 @@ import time
 from http_fixtures import http_status
 
 from testbed.export.inpod import Gate, serve_gate, wait_listening
-from testbed.pdd.procs import free_port
+from testbed.pdd.run.procs import free_port
 
 
 def test_gate_answers_503_until_ready_and_start_only_once_ready():

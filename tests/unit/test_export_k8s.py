@@ -18,7 +18,7 @@ from testbed.errors import PlanError
 from testbed.export.build import (DEFAULT_DC_NODE_LABEL, DEFAULT_IMAGE, ExportOptions,
                                   build_export, namespace_name)
 from testbed.export.write import export_summary, write_export
-from testbed.pdd.config import parse_config
+from testbed.pdd.run.config import parse_config
 from testbed.spec.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -3,7 +3,7 @@ not know where they run.
 
 The quickstart export's ``cluster.json`` (instances at Service DNS names, k = 1) is
 mapped to 127.0.0.1 with free ports (``loopback_config``: nothing else changes), the
-server roles start as ``python -m testbed.pdd.node`` processes, and the client runs
+server roles start as ``python -m testbed.pdd.run.node`` processes, and the client runs
 as in the exported Job (``python -m testbed.export.inpod client``: /ready, then the
 replay on POST /start). Every request completes with exact tokens; ``collect`` turns
 the results into a run directory that ``testbed report`` reads.
@@ -23,9 +23,9 @@ from http_fixtures import http_status
 from testbed.export.build import ExportOptions, build_export
 from testbed.export.collect import collect
 from testbed.export.write import run_metadata, write_export
-from testbed.pdd.config import config_to_dict, parse_config
-from testbed.pdd.procs import RoleProcesses, free_port, loopback_config
-from testbed.pdd.verify import verify_records
+from testbed.pdd.run.config import config_to_dict, parse_config
+from testbed.pdd.run.procs import RoleProcesses, free_port, loopback_config
+from testbed.pdd.run.verify import verify_records
 from testbed.spec.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -19,10 +19,10 @@ import time
 import pytest
 from pdd_fixtures import small_config
 
-from testbed.pdd.model import build_model
-from testbed.pdd.procs import RoleProcesses, free_port, loopback_config
-from testbed.pdd.text import encode, load_tokenizer
-from testbed.pdd.verify import verify_records
+from testbed.pdd.compute.model import build_model
+from testbed.pdd.run.procs import RoleProcesses, free_port, loopback_config
+from testbed.pdd.compute.text import encode, load_tokenizer
+from testbed.pdd.run.verify import verify_records
 
 openai = pytest.importorskip("openai")
 MODEL = "pdd-tiny"

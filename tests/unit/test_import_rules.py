@@ -32,12 +32,12 @@ MAY_IMPORT = {
 # single modules with a wider reach than their package, and why
 EXCEPTIONS = {
     "spec/fuzz.py": {"pdd"},  # the fuzzer of every reader, the roles' config/request readers too
-    "report/capacity.py": {"pdd", "spec"},  # per-chip capacities (pdd.costmodel), its YAML (spec.reader)
-    "report/pcap.py": {"pdd"},  # the frame header (pdd.protocol), to find PDD frames in packets
+    "report/capacity.py": {"pdd", "spec"},  # per-chip capacities (pdd.compute.costmodel), its YAML (spec.reader)
+    "report/pcap.py": {"pdd"},  # the frame header (pdd.wire.protocol), to find PDD frames in packets
 }
-ONLY_THROUGH_MODULE = {("report/capacity.py", "pdd"): "pdd.costmodel",
+ONLY_THROUGH_MODULE = {("report/capacity.py", "pdd"): "pdd.compute.costmodel",
                        ("report/capacity.py", "spec"): "spec.reader",
-                       ("report/pcap.py", "pdd"): "pdd.protocol"}
+                       ("report/pcap.py", "pdd"): "pdd.wire.protocol"}
 ONLY_THROUGH = {("workload", "spec"): "spec.reader"}  # workload reads YAML with spec's reader
 FUNCTION_LEVEL_ONLY = {("spec", "workload")}  # no import cycle at load time
 
@@ -97,7 +97,7 @@ def test_the_roles_import_neither_the_network_nor_spec_nor_scenario():
 @pytest.mark.parametrize("source, pkg", [
     ("from testbed.net.runtime import set_link\n", "pdd"),
     ("def f():\n    import testbed.spec.topology\n", "pdd"),
-    ("from testbed.pdd.config import parse_config\n", "report"),
+    ("from testbed.pdd.run.config import parse_config\n", "report"),
     ("from testbed.workload import parse_workload\n", "spec"),
     ("from testbed.spec.topology import Topology\n", "workload"),
 ])
@@ -107,3 +107,47 @@ def test_a_forbidden_import_is_found(tmp_path, monkeypatch, source, pkg):
     (fake / pkg / "mod.py").write_text(source)
     monkeypatch.setattr(__import__(__name__, fromlist=["PACKAGE"]), "PACKAGE", fake)
     assert len(violations()) == 1
+
+
+def unresolved(package: Path = PACKAGE) -> list[str]:
+    """Every ``from testbed.X import name`` / ``import testbed.X`` in the package, at any
+    depth (function-level imports only fail when the function runs), that names no
+    module or no attribute of one."""
+    import importlib
+
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [(a.name, None) for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                targets = [(node.module, a.name) for a in node.names]
+            else:
+                continue
+            for module, name in targets:
+                if not module.startswith("testbed"):
+                    continue
+                where = f"{path.relative_to(package.parent)}:{node.lineno}"
+                try:
+                    mod = importlib.import_module(module)
+                except ImportError as e:
+                    found.append(f"{where}: {module}: {e}")
+                    continue
+                if name is not None and name != "*" and not hasattr(mod, name):
+                    try:
+                        importlib.import_module(f"{module}.{name}")
+                    except ImportError:
+                        found.append(f"{where}: {module} has no {name}")
+    return found
+
+
+def test_every_testbed_import_resolves_function_level_ones_too():
+    assert unresolved() == []
+
+
+def test_an_unresolved_function_level_import_is_found(tmp_path):
+    fake = tmp_path / "testbed"
+    fake.mkdir()
+    (fake / "mod.py").write_text("def f():\n    from testbed.pdd.bench import run\n"
+                                 "def g():\n    from testbed.types import NoSuchName\n")
+    assert len(unresolved(fake)) == 2

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from testbed.pdd import kv_bench
+from testbed.bench import kv_bench
 
 
 def test_kv_bench_runs_both_parts_at_modeled_size(capsys):

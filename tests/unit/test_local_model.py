@@ -1,8 +1,8 @@
-"""The router's local-path model (testbed/pdd/local_model.py): pure, no clock."""
+"""The router's local-path model (testbed/pdd/roles/local_model.py): pure, no clock."""
 
 import pytest
 
-from testbed.pdd.local_model import LocalPathModel
+from testbed.pdd.roles.local_model import LocalPathModel
 
 GB = 1e9
 

@@ -7,8 +7,8 @@ import random
 
 from pdd_fixtures import run, run_on_fake_wan, small_config
 
-from testbed.pdd.client_record import ClientRequest
-from testbed.pdd.verify import verify_records
+from testbed.pdd.roles.client_record import ClientRequest
+from testbed.pdd.run.verify import verify_records
 
 
 def turns(first_len: int = 600, extra: int = 20):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from testbed.errors import ProtocolError
-from testbed.pdd.model import KVCache, ModelConfig, argmax, build_model, set_threads
+from testbed.pdd.compute.model import KVCache, ModelConfig, argmax, build_model, set_threads
 
 SMALL = ModelConfig(n_layer=2, n_head=4, d_model=64, max_context=512, seed=3)
 N_GEN = 64  # tokens checked against the reference for every prompt

@@ -1,4 +1,4 @@
-"""The gateway's request checks and answer bodies (testbed.pdd.openai_api), no I/O.
+"""The gateway's request checks and answer bodies (testbed.pdd.roles.openai_api), no I/O.
 
 Each bad body gets the status, param and code an OpenAI client expects; good
 bodies become the prompt ids and max_tokens the router is sent.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from testbed.errors import ApiError
-from testbed.pdd import openai_api as api
+from testbed.pdd.roles import openai_api as api
 
 SERVED = api.Served("pdd-tiny", 512, 64, 0)
 

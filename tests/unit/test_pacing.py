@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from testbed.pdd.pacing import AsyncPacer
+from testbed.pdd.compute.pacing import AsyncPacer
 
 
 class FakeTime:

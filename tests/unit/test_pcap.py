@@ -8,7 +8,7 @@ from scapy.layers.l2 import Ether
 from scapy.packet import Raw
 from scapy.utils import PcapWriter
 
-from testbed.pdd.protocol import HEADER_SIZE, Frame, Handoff, KvChunk, encode_frame
+from testbed.pdd.wire.protocol import HEADER_SIZE, Frame, Handoff, KvChunk, encode_frame
 from testbed.report.pcap import PcapError, analyse_pcap, crosscheck
 
 P, MD, X1, X2 = "10.0.1.2", "10.0.2.2", "10.0.1.3", "10.0.2.3"

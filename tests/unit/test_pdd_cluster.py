@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 from pdd_fixtures import EXPECTED, producers, run, run_on_fake_wan, small_config, workload
 
-from testbed.pdd.verify import verify_records
+from testbed.pdd.run.verify import verify_records
 
 CASES = [("pdd", "one-shot"), ("pdd", "catch-up"), ("cross-dc-pd", "catch-up"),
          ("same-dc-pd", "catch-up"), ("p-rld", "one-shot")]
@@ -135,7 +135,7 @@ def test_the_router_judges_the_wan_by_what_md_lacks_not_what_p_holds():
     prompt crosses the WAN; the router must see that and relay it."""
     import random
 
-    from testbed.pdd.client_record import ClientRequest
+    from testbed.pdd.roles.client_record import ClientRequest
 
     rng = random.Random(5)
     base = tuple(rng.randrange(512) for _ in range(150))
@@ -157,7 +157,7 @@ def test_a_turn_routed_while_md_still_receives_the_prefix_waits_for_it():
     the router counts the prefix as MD's, starting the rest after it."""
     import random
 
-    from testbed.pdd.client_record import ClientRequest
+    from testbed.pdd.roles.client_record import ClientRequest
 
     rng = random.Random(9)
     base = tuple(rng.randrange(512) for _ in range(128))

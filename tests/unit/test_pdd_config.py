@@ -1,4 +1,4 @@
-"""Cluster config loading and strict validation (testbed.pdd.config), and KV payloads."""
+"""Cluster config loading and strict validation (testbed.pdd.run.config), and KV payloads."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import json
 import pytest
 
 from testbed.errors import ProtocolError, SpecError
-from testbed.pdd.config import (ClusterConfig, HandoffMode, Mode, config_to_dict, load_config,
+from testbed.pdd.run.config import (ClusterConfig, HandoffMode, Mode, config_to_dict, load_config,
                                 parse_config)
-from testbed.pdd.kvpayload import chunk_frame_bytes, decode_kv, encode_kv, kv_chunk
-from testbed.pdd.model import ModelConfig, build_model
-from testbed.pdd.protocol import HEADER_SIZE, Frame, FrameDecoder, encode_frame
-from testbed.pdd.wire import Role
+from testbed.pdd.wire.kvpayload import chunk_frame_bytes, decode_kv, encode_kv, kv_chunk
+from testbed.pdd.compute.model import ModelConfig, build_model
+from testbed.pdd.wire.protocol import HEADER_SIZE, Frame, FrameDecoder, encode_frame
+from testbed.pdd.wire.fields import Role
 
 GOOD = {
     "mode": "pdd",

@@ -1,14 +1,14 @@
-"""The continuous-batching decode loop (testbed.pdd.decoder) and its pacing."""
+"""The continuous-batching decode loop (testbed.pdd.compute.decoder) and its pacing."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 
-from testbed.pdd.costmodel import GPU_A, CostModel
-from testbed.pdd.decoder import DecodeLoop, Seq, warm_model
-from testbed.pdd.model import ModelConfig, argmax
-from testbed.pdd.pacing import AsyncPacer
+from testbed.pdd.compute.costmodel import GPU_A, CostModel
+from testbed.pdd.compute.decoder import DecodeLoop, Seq, warm_model
+from testbed.pdd.compute.model import ModelConfig, argmax
+from testbed.pdd.compute.pacing import AsyncPacer
 
 CFG = ModelConfig(d_model=64, n_layer=2, n_head=2)
 

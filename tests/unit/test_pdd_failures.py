@@ -14,8 +14,8 @@ import random
 
 from pdd_fixtures import LinkShape, producers, run, run_on_fake_wan, small_config
 
-from testbed.pdd.client_record import ClientRequest
-from testbed.pdd.verify import verify_records
+from testbed.pdd.roles.client_record import ClientRequest
+from testbed.pdd.run.verify import verify_records
 
 rng = random.Random(5)
 RELAYED = ClientRequest(0, 0.0, tuple(rng.randrange(512) for _ in range(128)), 100, "a")

@@ -1,4 +1,4 @@
-"""The RLD -> MD token-ID handoff state machines, without I/O (testbed.pdd.handoff)."""
+"""The RLD -> MD token-ID handoff state machines, without I/O (testbed.pdd.roles.handoff)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import random
 import pytest
 
 from testbed.errors import ProtocolError
-from testbed.pdd.config import HandoffMode
-from testbed.pdd.handoff import HandoffBatch, MainHandoff, RelayHandoff, RelayPhase
+from testbed.pdd.run.config import HandoffMode
+from testbed.pdd.roles.handoff import HandoffBatch, MainHandoff, RelayHandoff, RelayPhase
 
 ONE, CATCH = HandoffMode.ONE_SHOT, HandoffMode.CATCH_UP
 

@@ -1,6 +1,6 @@
 """Hostile and broken peers against live role processes on loopback (no root).
 
-One cluster (router, P, RLD, MD, each ``python -m testbed.pdd.node``) for the
+One cluster (router, P, RLD, MD, each ``python -m testbed.pdd.run.node``) for the
 module; each test is one kind of abuse, aimed at every role, at the sizes
 given in its docstring. After each: every role process is alive, its
 resident memory (VmRSS) stays under ``RSS_BOUND`` and an honest request
@@ -31,14 +31,14 @@ import zlib
 import pytest
 from pdd_fixtures import small_config
 
-from testbed.pdd.client import Client
-from testbed.pdd.client_record import ClientRequest
-from testbed.pdd.procs import RoleProcesses, loopback_config
-from testbed.pdd.protocol import (MAGIC, VERSION, Error, ErrorCode, Frame, FrameDecoder, Handoff,
+from testbed.pdd.roles.client import Client
+from testbed.pdd.roles.client_record import ClientRequest
+from testbed.pdd.run.procs import RoleProcesses, loopback_config
+from testbed.pdd.wire.protocol import (MAGIC, VERSION, Error, ErrorCode, Frame, FrameDecoder, Handoff,
                                   HandoffAck, Hello, KvDone, KvNeed, MsgType, Request, Role,
                                   Tokens, encode_frame)
-from testbed.pdd.transport import TcpTransport
-from testbed.pdd.verify import verify_records
+from testbed.pdd.wire.transport import TcpTransport
+from testbed.pdd.run.verify import verify_records
 
 ROLES = ("router", "p0", "rld0", "md0")
 RSS_SLACK = 40 << 20

@@ -1,4 +1,4 @@
-"""Each role as its own OS process on loopback TCP (``python -m testbed.pdd.node``).
+"""Each role as its own OS process on loopback TCP (``python -m testbed.pdd.run.node``).
 
 One cluster for the module: a malformed frame sent to a role closes that
 connection only, and a small ``pdd`` workload then completes with exact
@@ -14,8 +14,8 @@ import socket
 import pytest
 from pdd_fixtures import small_config
 
-from testbed.pdd.procs import RoleProcesses, loopback_config
-from testbed.pdd.verify import verify_records
+from testbed.pdd.run.procs import RoleProcesses, loopback_config
+from testbed.pdd.run.verify import verify_records
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +83,7 @@ def test_sigterm_stops_every_role_cleanly(procs):
 
 
 def test_warmup_problems_name_each_bad_warmup_request():
-    from testbed.pdd.client import warmup_problems
+    from testbed.pdd.roles.client import warmup_problems
 
     ok = {"id": 1, "status": "completed", "reason": None, "tokens_lost": 0,
           "tokens_duplicated": 0}

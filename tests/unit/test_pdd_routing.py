@@ -1,13 +1,13 @@
-"""Router decisions (testbed.pdd.routing): the pipeline table, RLD's budget, prefix mirror."""
+"""Router decisions (testbed.pdd.roles.routing): the pipeline table, RLD's budget, prefix mirror."""
 
 from __future__ import annotations
 
 import pytest
 
-from testbed.pdd.config import Mode, Pipeline, RouterConfig, TimingConfig
-from testbed.pdd.costmodel import GPU_A, CostModel
-from testbed.pdd.radix import RadixCache
-from testbed.pdd.routing import PrefixMirror, RldBudget, RouteInputs, choose_pipeline
+from testbed.pdd.run.config import Mode, Pipeline, RouterConfig, TimingConfig
+from testbed.pdd.compute.costmodel import GPU_A, CostModel
+from testbed.pdd.compute.radix import RadixCache
+from testbed.pdd.roles.routing import PrefixMirror, RldBudget, RouteInputs, choose_pipeline
 
 CFG = RouterConfig(relay_threshold_s=0.5, anomalous_min_input_tokens=32768)
 TIMING = TimingConfig(kv_bytes_per_token=50_000)
@@ -97,7 +97,7 @@ def test_a_warmup_request_goes_p_md_to_fill_the_drc(mode, want):
 
 
 def test_inflight_prefixes_give_the_longest_block_aligned_prefix_per_md():
-    from testbed.pdd.routing import InflightPrefixes
+    from testbed.pdd.roles.routing import InflightPrefixes
 
     inflight = InflightPrefixes(block_size=16)
     turn1 = list(range(100))

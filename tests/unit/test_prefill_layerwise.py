@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from pdd_fixtures import run, run_on_fake_wan, small_config, workload
 
-from testbed.pdd.prefill import PrefillJob, PrefillNode
-from testbed.pdd.protocol import Request
+from testbed.pdd.roles.prefill import PrefillJob, PrefillNode
+from testbed.pdd.wire.protocol import Request
 
 
 def job(n: int, hit: int) -> PrefillJob:

@@ -8,7 +8,7 @@ import zlib
 import pytest
 
 from testbed.errors import ProtocolError
-from testbed.pdd.protocol import (
+from testbed.pdd.wire.protocol import (
     HEADER_SIZE,
     MAGIC,
     MESSAGE_CLASSES,

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from testbed.errors import ProtocolError
-from testbed.pdd.protocol import (
+from testbed.pdd.wire.protocol import (
     MAGIC,
     VERSION,
     Cancel,

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from testbed.pdd.radix import RadixCache
+from testbed.pdd.compute.radix import RadixCache
 
 BS = 4
 

@@ -189,7 +189,7 @@ def test_router_settings_reach_the_cluster_config():
     the router section of the cluster config the roles load, and it validates."""
     from types import SimpleNamespace
 
-    from testbed.pdd.config import parse_config
+    from testbed.pdd.run.config import parse_config
     from testbed.scenario.roles import cluster_dict
 
     data = changed("modes", ["pdd", {"name": "no-filters", "mode": "pdd",

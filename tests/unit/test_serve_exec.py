@@ -17,7 +17,7 @@ import pytest
 
 from testbed import cli
 from testbed.errors import TestbedError
-from testbed.pdd.gateway import build_parser as gateway_parser
+from testbed.pdd.roles.gateway import build_parser as gateway_parser
 from testbed.scenario.serve import (exec_argv, find_host_shell, gateway_argv,
                                     read_state_files, serve_info)
 
@@ -74,7 +74,7 @@ def test_exec_runs_the_command_through_mnexec():
 def test_the_gateway_command_line_is_one_the_gateway_accepts(tmp_path):
     argv = gateway_argv(tmp_path / "cluster.json", "client", "10.0.0.5", 8000,
                         tmp_path / "requests.jsonl")
-    assert argv[1:3] == ["-m", "testbed.pdd.gateway"]
+    assert argv[1:3] == ["-m", "testbed.pdd.roles.gateway"]
     args = gateway_parser().parse_args(argv[3:])
     assert (args.name, args.host, args.port, Path(args.out).name) == \
         ("client", "10.0.0.5", 8000, "requests.jsonl")

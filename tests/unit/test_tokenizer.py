@@ -1,4 +1,4 @@
-"""The tiny model's tokenizer (testbed/pdd/tokenizer/, testbed.pdd.text).
+"""The tiny model's tokenizer (testbed/pdd/compute/tokenizer/, testbed.pdd.compute.text).
 
 Any id sequence decodes to text that encodes back to the same ids, one
 character per id; the stored files are what the script makes; a
@@ -14,8 +14,8 @@ import random
 import pytest
 
 from testbed.errors import TestbedError
-from testbed.pdd.model import ModelConfig
-from testbed.pdd.text import (TOKENIZER_DIR, UNK, decode_one_each, encode, load_tokenizer,
+from testbed.pdd.compute.model import ModelConfig
+from testbed.pdd.compute.text import (TOKENIZER_DIR, UNK, decode_one_each, encode, load_tokenizer,
                               vocab_chars, write_tokenizer)
 
 VOCAB = ModelConfig().vocab_size

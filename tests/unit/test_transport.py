@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import pytest
 
 from testbed.errors import ProtocolError
-from testbed.pdd.fake_transport import FakeNetwork
-from testbed.pdd.protocol import (
+from testbed.pdd.wire.fake_transport import FakeNetwork
+from testbed.pdd.wire.protocol import (
     MAX_FRAME_BYTES,
     Done,
     FinishReason,
@@ -30,7 +30,7 @@ from testbed.pdd.protocol import (
     Tokens,
     encode_frame,
 )
-from testbed.pdd.transport import (
+from testbed.pdd.wire.transport import (
     ConnectionClosed,
     TcpOptions,
     TcpTransport,
@@ -104,7 +104,7 @@ async def malformed_then_good_exchange(backend: Backend) -> dict:
 
 
 def test_server_drops_a_malformed_client_and_keeps_serving(make_backend, caplog):
-    caplog.set_level(logging.WARNING, logger="testbed.pdd.transport")
+    caplog.set_level(logging.WARNING, logger="testbed.pdd.wire.transport")
     result = run(malformed_then_good_exchange(make_backend()))
     assert [f.message for f in result["frames"]] == [
         Tokens(Role.MAIN_DECODE, 0, (3, 2, 1)), Done(3, FinishReason.LENGTH),
@@ -122,7 +122,7 @@ def test_fake_matches_tcp():
 
 
 def test_oversized_frame_closes_only_that_connection(make_backend, caplog):
-    caplog.set_level(logging.WARNING, logger="testbed.pdd.transport")
+    caplog.set_level(logging.WARNING, logger="testbed.pdd.wire.transport")
 
     async def scenario():
         backend = make_backend(max_frame_bytes=4096)

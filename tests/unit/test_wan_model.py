@@ -2,7 +2,7 @@
 
 import pytest
 
-from testbed.pdd.wan_model import WanModel, ps_finish_s, rr_finish_s
+from testbed.pdd.roles.wan_model import WanModel, ps_finish_s, rr_finish_s
 
 GB = 1e9
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from testbed.pdd.radix import RadixCache
+from testbed.pdd.compute.radix import RadixCache
 from testbed.spec.reader import Fields
 from testbed.workload import build_workload, parse_workload
 from testbed.workload.arrivals import ArrivalProcess, ArrivalSpec, arrival_times
@@ -214,7 +214,7 @@ def test_warmup_sends_the_shared_prompts_first_and_leaves_no_cold_measured_reque
 
 
 def test_the_client_reads_warmups_first_and_flagged_from_the_runners_workload_file(tmp_path):
-    from testbed.pdd.client import load_requests
+    from testbed.pdd.roles.client import load_requests
     from testbed.scenario.roles import write_workload
 
     wl = build_workload(spec_of(n_requests=20, sessions={"concurrent": 4, "turns": 4,

@@ -1,0 +1,148 @@
+"""Run an external benchmark client against the gateway on loopback role processes.
+
+``python -m testbed.bench.client_bench --out DIR [--mode pdd] -- COMMAND ...``
+starts P, RLD, MD and the router as loopback processes (``procs.RoleProcesses``),
+the OpenAI-compatible gateway next to them, runs COMMAND unmodified (its
+arguments may say ``{url}``, ``{base_url}``, ``{model}`` and ``{tokenizer}``:
+``http://127.0.0.1:PORT``, the same + ``/v1``, the served model, the
+tokenizer directory; ``{trace}``: with ``--mooncake-rows N``, the first N rows of
+the shipped Mooncake trace scaled for the tiny model, ``scale_trace``), stops everything, verifies every recorded request
+against the greedy decode and writes ``DIR/gateway-stats.json``: requests,
+completed, verified, and TTFT p50/p90 from the gateway's records, both as
+the roles delivered it (``ttft_s``: REQUEST sent -> token 0 received) and
+as the HTTP client could see it (``ttft_http_s``: request received -> token 0
+written). The client's stdout and stderr go to ``DIR/client.stdout`` and
+``DIR/client.stderr``; the records to ``DIR/requests.jsonl``.
+
+No emulated network: every role is on 127.0.0.1, so these figures check
+the gateway and the client's measurement, not the PDD design.
+Exit code: the client's, or 1 if a completed request's tokens differ.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from testbed.pdd.run.config import RUN_MODEL, ClusterConfig, parse_config
+from testbed.pdd.roles.gateway import DEFAULT_MODEL
+from testbed.pdd.run.procs import RoleProcesses, free_port, loopback_config
+from testbed.pdd.compute.text import TOKENIZER_DIR
+
+# the model and pacing of a scenario (testbed/scenario/roles.py), on loopback
+BENCH_CONFIG = {
+    "model": dict(RUN_MODEL),
+    "timing": {"time_scale": 0.5, "kv_scale_k": 10, "connect_timeout_s": 20.0},
+    "client": {"request_timeout_s": 120.0, "report_grace_s": 1.0},
+    "instances": [
+        {"name": "p0", "role": "prefill", "host": "127.0.0.1", "port": 1, "dc": "A"},
+        {"name": "rld0", "role": "relay_decode", "host": "127.0.0.1", "port": 1, "dc": "A"},
+        {"name": "md0", "role": "main_decode", "host": "127.0.0.1", "port": 1, "dc": "B"},
+        {"name": "router", "role": "router", "host": "127.0.0.1", "port": 1, "dc": "A"},
+        {"name": "client", "role": "client", "host": "127.0.0.1", "dc": "A"}],
+}
+
+
+def bench_config(mode: str) -> ClusterConfig:
+    return loopback_config(parse_config(dict(BENCH_CONFIG, mode=mode), "<client_bench>"))
+
+
+MOONCAKE_TRACE = Path(__file__).resolve().parents[2] / "scenarios" / "traces" / "mooncake" / \
+    "conversation_trace_head1000.jsonl"
+MOONCAKE_DIVISOR = 32  # the mooncake-trace scenario's token_scale: 512-token blocks -> 16
+
+
+def scale_trace(src: Path, dst: Path, rows: int, divisor: int = MOONCAKE_DIVISOR) -> int:
+    """The first ``rows`` rows of a Mooncake trace with ``input_length`` divided by
+    ``divisor`` (rounded up), hash ids, timestamps and outputs as they are: what
+    the ``mooncake-trace`` scenario replays (testbed/workload/mooncake.py),
+    for a client that rebuilds prompts from hash ids with 512 / ``divisor``-token
+    blocks (AIPerf: ``--isl-block-size 16``). Returns the rows written."""
+    n = 0
+    with open(src) as fin, open(dst, "w") as fout:
+        for line in fin:
+            if n == rows:
+                break
+            if line.strip():
+                row = json.loads(line)
+                row["input_length"] = -(-row["input_length"] // divisor)
+                fout.write(json.dumps(row) + "\n")
+                n += 1
+    return n
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Linear-interpolated percentile (numpy's default), None for no values."""
+    if not values:
+        return None
+    v = sorted(values)
+    pos = (len(v) - 1) * q / 100
+    lo = int(pos)
+    hi = min(lo + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
+
+
+def gateway_stats(records: list[dict], verdicts) -> dict:
+    """The figures of the module docstring from a gateway's requests.jsonl records."""
+    done = [r for r in records if r["status"] == "completed"]
+    out = {"requests": len(records), "completed": len(done),
+           "verified": sum(1 for v in verdicts if v.match),
+           "mismatched": [v.id for v in verdicts if not v.prefix_ok
+                          or (v.status == "completed" and not v.match)],
+           "pipelines": {}}
+    for r in done:
+        out["pipelines"][r["pipeline"]] = out["pipelines"].get(r["pipeline"], 0) + 1
+    for key, values in (("ttft_s", [r["ttft_s"] for r in done]),
+                        ("ttft_http_s", [r["gateway"]["ttft_http_s"] for r in done])):
+        for q in (50, 90):
+            p = percentile([x for x in values if x is not None], q)
+            out[f"{key}_p{q}"] = None if p is None else round(p, 6)
+    return out
+
+
+def run(command: list[str], out: Path, mode: str,
+        mooncake_rows: int = 0) -> tuple[int, dict]:
+    from testbed.pdd.run.verify import verify_records
+
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = bench_config(mode)
+    port, records_path = free_port(), out / "requests.jsonl"
+    records_path.unlink(missing_ok=True)
+    url = f"http://127.0.0.1:{port}"
+    fill = {"url": url, "base_url": url + "/v1", "model": DEFAULT_MODEL,
+            "tokenizer": str(TOKENIZER_DIR), "trace": str(out / "mooncake-slice.jsonl")}
+    if mooncake_rows:
+        scale_trace(MOONCAKE_TRACE, Path(fill["trace"]), mooncake_rows)
+    argv = [a.format(**fill) for a in command]
+    with RoleProcesses(cfg, out) as procs:
+        procs.start()
+        procs.start_gateway("client", port, records_path)
+        with open(out / "client.stdout", "wb") as so, open(out / "client.stderr", "wb") as se:
+            code = subprocess.run(argv, stdout=so, stderr=se, check=False).returncode
+    records = [json.loads(x) for x in records_path.read_text().splitlines() if x.strip()]
+    stats = dict(gateway_stats(records, verify_records(records, cfg.model)),
+                 command=argv, client_exit=code, mode=mode)
+    (out / "gateway-stats.json").write_text(json.dumps(stats, indent=1) + "\n")
+    return code, stats
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m testbed.bench.client_bench",
+                                 description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, help="folder for records, logs, stats")
+    ap.add_argument("--mode", default="pdd", help="pdd | cross-dc-pd | same-dc-pd | p-rld")
+    ap.add_argument("--mooncake-rows", type=int, default=0,
+                    help="write DIR/mooncake-slice.jsonl ({trace}): this many rows, scaled")
+    ap.add_argument("command", nargs="+", help="-- COMMAND ARGS ({url}, {base_url}, "
+                    "{model}, {tokenizer}, {trace} are filled in)")
+    args = ap.parse_args(argv)
+    code, stats = run(args.command, Path(args.out), args.mode, args.mooncake_rows)
+    print(json.dumps({k: v for k, v in stats.items() if k != "command"}))
+    return code or (1 if stats["mismatched"] else 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

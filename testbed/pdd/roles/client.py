@@ -1,0 +1,213 @@
+"""The client role: open-loop replay of a workload against the router, and requests.jsonl.
+
+Lifecycle of ``Client.run(requests)``: connect to the router (HELLO) ->
+send each REQUEST(prompt, max_out, {id, session}) at ``t0 + arrival_s``
+whatever the state of earlier ones (open loop) -> record every TOKENS /
+DONE / ERROR / REPORT in the request's ``RequestTrace`` -> a request not
+terminal ``request_timeout_s`` after it was sent fails ("timeout") and the
+router gets CANCEL -> once every request is terminal, wait up to
+``report_grace_s`` for the roles' REPORTs (and straggling tokens) -> close
+and return one record per request (``client_record``), in workload order.
+Losing the router connection fails every open request with that reason.
+Warm-up requests (``ClientRequest.warmup``) carry ``warmup`` in their metadata;
+``python -m testbed.pdd.run.node`` replays them, and checks they all completed,
+before it announces "ready" and replays the measured requests.
+
+Example::
+
+    reqs = [ClientRequest(0, 0.0, tuple(range(1, 65)), 32)]
+    records = await Client(cfg, transport).run(reqs)
+    write_records("requests.jsonl", records)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from testbed.errors import ProtocolError, SpecError
+from testbed.pdd.roles.client_record import ClientRequest, RequestTrace
+from testbed.pdd.run.config import ClusterConfig
+from testbed.pdd.wire.protocol import Cancel, Frame, Hello, Request, Role
+from testbed.pdd.wire.transport import Connection, ConnectionClosed, Transport
+from testbed.strict import MAX_INT, finite, parse_json, read_text
+
+__all__ = ["Client", "ClientRequest", "load_requests", "write_records", "from_workload",
+           "warmup_problems"]
+
+
+class Client:
+    """Replays requests against the cluster's router (see the module docstring)."""
+
+    def __init__(self, cfg: ClusterConfig, transport: Transport, name: str = "client",
+                 on_end=None):
+        """``on_end(request_id)`` is called once per request when it ends (progress)."""
+        self.cfg, self.transport, self.name = cfg, transport, name
+        self.on_end = on_end
+        self.traces: dict[int, RequestTrace] = {}  # by wire request id (1..)
+        self._conn: Connection | None = None
+        self._changed = asyncio.Event()
+        self._t0 = 0.0
+
+    async def run(self, requests: Sequence[ClientRequest]) -> list[dict]:
+        router = self.cfg.of_role(Role.ROUTER)[0]
+        self._conn = await self.transport.connect(router.host, router.port)
+        await self._conn.send(Frame(0, Hello(Role.CLIENT, self.name)))
+        self.traces = {i + 1: RequestTrace(r) for i, r in enumerate(requests)}
+        loop = asyncio.get_running_loop()
+        reader = loop.create_task(self._read())
+        self._t0 = loop.time() - min((r.arrival_s for r in requests), default=0.0)
+        try:
+            await asyncio.gather(*(self._send(rid, tr) for rid, tr in self.traces.items()))
+            await self._wait(lambda: all(t.terminal for t in self.traces.values()), None)
+            await self._wait(lambda: all(t.reports_complete and not (t.done and t.lost_positions())
+                                         for t in self.traces.values()),
+                             self.cfg.client.report_grace_s)
+        finally:
+            reader.cancel()
+            self._conn.close()
+            await asyncio.gather(reader, return_exceptions=True)
+        c = self.cfg
+        return [t.record(c.mode.value, c.relay.handoff_mode.value) for t in self.traces.values()]
+
+    async def _send(self, rid: int, trace: RequestTrace) -> None:
+        """Send at the arrival time, then enforce the request's timeout."""
+        loop = asyncio.get_running_loop()
+        await asyncio.sleep(max(0.0, self._t0 + trace.req.arrival_s - loop.time()))
+        req = trace.req
+        trace.t_sent = time.monotonic()
+        meta = {"id": req.id, "session": req.session}
+        if req.warmup:
+            meta["warmup"] = True
+        try:
+            await self._conn.send(Frame(rid, Request(req.prompt, req.max_out, meta)))
+        except (ConnectionClosed, ProtocolError) as err:
+            trace.fail(f"cannot send: {err}")
+            self._changed.set()
+            return
+        timeout = self.cfg.client.request_timeout_s
+        try:
+            await asyncio.wait_for(self._until(lambda: trace.terminal), timeout)
+        except asyncio.TimeoutError:
+            trace.fail(f"timeout after {timeout:g} s")
+            self._changed.set()
+            try:
+                await self._conn.send(Frame(rid, Cancel()))
+            except ConnectionClosed:
+                pass
+        if self.on_end is not None:
+            self.on_end(req.id)
+
+    async def _until(self, cond) -> None:
+        while not cond():
+            self._changed.clear()
+            await self._changed.wait()
+
+    async def _wait(self, cond, timeout_s: float | None) -> None:
+        try:
+            await asyncio.wait_for(self._until(cond), timeout_s)
+        except asyncio.TimeoutError:
+            pass
+
+    async def _read(self) -> None:
+        try:
+            while True:
+                frame = await self._conn.recv()
+                self._on_frame(frame)
+                self._changed.set()
+        except (ConnectionClosed, ProtocolError) as err:
+            for t in self.traces.values():
+                t.fail(f"router connection lost: {err}")
+            self._changed.set()
+
+    def _on_frame(self, frame: Frame) -> None:
+        trace, msg = self.traces.get(frame.request_id), frame.message
+        if trace is None or trace.t_sent is None:
+            return
+        trace.on_message(msg, time.monotonic())
+
+
+def from_workload(requests: Iterable) -> list[ClientRequest]:
+    """ClientRequests from ``testbed.workload`` Requests (id, arrival_s, prompt, output_len,
+    session): ``from_workload(load_workload(path).requests)``."""
+    return [ClientRequest(r.id, r.arrival_s, tuple(r.prompt), r.output_len, r.session,
+                          r.designed_hit_rate) for r in requests]
+
+
+WORKLOAD_KEYS = ("id", "arrival_s", "prompt", "max_out", "session", "designed_hit_rate",
+                 "warmup")
+MAX_TOKEN_ID = 2**31 - 1
+
+
+def load_requests(path: str | Path) -> list[ClientRequest]:
+    """Read a JSONL workload: one {"id", "arrival_s", "prompt", "max_out", "session",
+    "designed_hit_rate", "warmup"} per line (all but id, prompt and max_out optional).
+
+    Any other key, a wrong type or a non-finite number is a SpecError naming the
+    file, the line and the field.
+    """
+    file, out = str(path), []
+    for n, line in enumerate(read_text(file, "JSONL workload").split("\n"), 1):
+        if line.strip():
+            obj = parse_json(line, file, f"line {n}", "a JSON object")
+            out.append(_request_of(obj, file, f"line {n}"))
+    return out
+
+
+def _is_int(v: object, lo: int, hi: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
+
+
+def _is_num(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and finite(v)
+
+
+def _request_of(obj: object, file: str, where: str) -> ClientRequest:
+    """One workload line's request, every field checked."""
+    if not isinstance(obj, dict):
+        raise SpecError(file, where, "a JSON object", obj)
+    for key in obj:
+        if key not in WORKLOAD_KEYS:
+            raise SpecError(file, f"{where}: {key}", "a known field (one of "
+                            + ", ".join(WORKLOAD_KEYS) + ")", key)
+    checks = (("id", ..., lambda v: _is_int(v, 0, MAX_INT), "an integer id >= 0"),
+              ("arrival_s", 0.0, _is_num, "a finite time in s"),
+              ("prompt", ..., lambda v: isinstance(v, list) and len(v) > 0 and all(
+                  _is_int(t, 0, MAX_TOKEN_ID) for t in v), "a non-empty list of token ids"),
+              ("max_out", ..., lambda v: _is_int(v, 1, MAX_INT), "an integer >= 1"),
+              ("session", 0, lambda v: isinstance(v, str) or _is_int(v, -MAX_INT, MAX_INT),
+               "an integer or a string"),
+              ("designed_hit_rate", None, lambda v: v is None or _is_num(v), "a finite number"),
+              ("warmup", False, lambda v: isinstance(v, bool), "true or false"))
+    values = {}
+    for key, default, ok, expected in checks:
+        if key not in obj and default is ...:
+            raise SpecError(file, f"{where}: {key}", "this field to be set", "nothing")
+        values[key] = obj.get(key, default)
+        if not ok(values[key]):
+            raise SpecError(file, f"{where}: {key}", expected, values[key])
+    return ClientRequest(values["id"], float(values["arrival_s"]), tuple(values["prompt"]),
+                         values["max_out"], values["session"], values["designed_hit_rate"],
+                         values["warmup"])
+
+
+def warmup_problems(records: Sequence[dict]) -> list[str]:
+    """Why a warm-up did not do its job (a request failed, lost or repeated tokens)."""
+    out = []
+    for r in records:
+        if r["status"] != "completed":
+            out.append(f"warm-up request {r['id']}: {r['status']} ({r['reason']})")
+        elif r["tokens_lost"] or r["tokens_duplicated"]:
+            out.append(f"warm-up request {r['id']}: {r['tokens_lost']} tokens lost, "
+                       f"{r['tokens_duplicated']} duplicated")
+    return out
+
+
+def write_records(path: str | Path, records: Iterable[dict]) -> None:
+    """Write requests.jsonl: one JSON object per line."""
+    with open(path, "w") as f:
+        for rec in records:
+            f.write(json.dumps(rec, separators=(",", ":")) + "\n")

@@ -1,0 +1,269 @@
+"""The prefill role P (DC A): prefix-cached prefill, then dual-path KV transfer.
+
+Request lifecycle at P (docs/pdd-roles.md, steps 3-4):
+
+1. REQUEST from the router (metadata: pipeline, rld, md) joins a FIFO; one
+   prefill runs at a time (the instance is compute-bound).
+2. Prefill: match the prompt in P's prefix cache (RadixCache, block
+   ``prefill.block_size``, values = per-block KV segments), run the tiny
+   model on the missing suffix, pad to ``prefill_s(new, cached)`` on GPU_A
+   (times ``time_scale``), insert the prompt's blocks. Token 0 = argmax of
+   the last logits (P does not emit it). The model runs in a worker thread,
+   so KV shipping (step 3) of earlier requests goes on meanwhile.
+3. Two concurrent tasks ship the KV:
+   - RLD path (p-rld-md, rld-only): REQUEST (+ token 0 in metadata
+     ``token0``), KV_CHUNKs of [0, n) (RLD keeps no prefix cache, so it
+     lacks the whole prompt), KV_DONE;
+   - MD path (p-md, p-rld-md): REQUEST (+ token 0); wait for MD's
+     KV_NEED(start); KV_CHUNKs of [start, n); KV_DONE.
+   Chunks are ``kvpayload`` chunks of modeled size (real KV bytes + filler).
+   Layer-wise local path (``prefill.layerwise_local``, on by default): the
+   RLD path starts when the prefill starts, as RDMA KV transfer engines do
+   (layer by layer while the model computes): the KV of P's cached prefix
+   is there at once, the new tokens' KV becomes available in proportion to
+   the modeled prefill time elapsed, so a chunk [s, e) leaves no earlier
+   than ``start + prefill x (e - hit) / (n - hit)``; KV_DONE leaves once the
+   prefill has ended (RLD emits token 0 then, never before). The WAN path
+   to MD starts after the prefill, as in the brief and the paper's baseline.
+4. When both paths are done (or failed): REPORT to the router. A path that
+   fails sends ERROR(UNAVAILABLE, "<ROLE>: why") to the router, naming the
+   path's role so the router can fail or re-plan only that path.
+
+CANCEL from the router drops the request (queued or shipping); a KV_NEED
+for a request P no longer holds is answered with CANCEL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+from testbed.pdd.run.config import ClusterConfig, Pipeline
+from testbed.pdd.compute.decoder import warm_model
+from testbed.pdd.wire.kvpayload import chunk_frame_bytes, kv_chunk
+from testbed.pdd.compute.model import KVCache, argmax
+from testbed.pdd.compute.pacing import AsyncPacer
+from testbed.pdd.roles.peers import Peer, RoleServer
+from testbed.pdd.wire.protocol import (Cancel, Error, ErrorCode, Frame, KvDone, KvNeed, Report,
+                                  Request, Role)
+from testbed.pdd.compute.radix import RadixCache
+from testbed.pdd.wire.transport import ConnectionClosed, Transport
+
+
+@dataclass(eq=False)
+class PrefillJob:
+    """One request at P, from REQUEST to REPORT."""
+
+    rid: int
+    request: Request
+    t_queued: float
+    cache: KVCache | None = None
+    token0: int = -1
+    need: asyncio.Future | None = None  # MD's KV_NEED start
+    cancelled: bool = False
+    md_cancelled: bool = False  # MD dropped the request: stop the WAN path quietly
+    report: dict = field(default_factory=lambda: {"kv_overrun_bytes": 0})
+    t_start: float = 0.0  # prefill start (monotonic)
+    t_end_est: float = 0.0  # when the modeled prefill will end
+    hit: int = 0  # tokens P's prefix cache held
+    prefilled: asyncio.Event = field(default_factory=asyncio.Event)  # the prefill ended
+    early: asyncio.Task | None = None  # the layer-wise local path, started with the prefill
+
+    @property
+    def pipeline(self) -> Pipeline:
+        return Pipeline(self.request.metadata["pipeline"])
+
+
+def block_segments(cache: KVCache, n_tokens: int, block_size: int) -> list[KVCache]:
+    """Per-block KV segments of the whole blocks of positions [0, n_tokens)."""
+    return [cache.slice(i, i + block_size)
+            for i in range(0, n_tokens // block_size * block_size, block_size)]
+
+
+def cache_from_blocks(model, blocks: tuple[KVCache, ...], capacity: int = 0) -> KVCache:
+    """A cache starting at 0 made of consecutive block segments (a radix match's values),
+    with room for ``capacity`` tokens."""
+    cache = model.new_cache(capacity)
+    for seg in blocks:
+        cache.append(seg)
+    return cache
+
+
+class PrefillNode(RoleServer):
+    """P: see the module docstring. Example: ``await PrefillNode(cfg, "p0", transport).start()``."""
+
+    ROLE = Role.PREFILL
+
+    def __init__(self, cfg: ClusterConfig, name: str, transport: Transport):
+        super().__init__(cfg, name, transport)
+        self.model = warm_model(cfg.model)
+        self.cost = cfg.timing.cost(Role.PREFILL)
+        self.pacer = AsyncPacer(cfg.timing.time_scale)
+        self.prefix = RadixCache(cfg.prefill.block_size, cfg.prefill.cache_capacity_tokens)
+        self.jobs: dict[int, PrefillJob] = {}
+        self._queue: asyncio.Queue[PrefillJob] = asyncio.Queue()
+
+    async def on_start(self) -> None:
+        self.spawn(self._prefill_worker(), "prefill worker")
+        self.warm([i.name for role in (Role.RELAY_DECODE, Role.MAIN_DECODE)
+                   for i in self.cfg.of_role(role)])
+
+    def active_requests(self) -> int:
+        return len(self.jobs)
+
+    async def on_frame(self, peer: Peer, frame: Frame) -> None:
+        rid, msg = frame.request_id, frame.message
+        job = self.jobs.get(rid)
+        if peer.role == Role.ROUTER:
+            if isinstance(msg, Request) and job is not None:
+                self.stray(peer, frame, "a second REQUEST for a request P holds")
+            elif isinstance(msg, Request):
+                job = PrefillJob(rid, msg, time.monotonic())
+                self.jobs[rid] = job
+                self._queue.put_nowait(job)
+            elif isinstance(msg, Cancel) and job is not None:
+                job.cancelled = True
+                if job.need is not None and not job.need.done():
+                    job.need.cancel()
+        elif isinstance(msg, Cancel) and job is not None and peer.role == Role.MAIN_DECODE:
+            job.md_cancelled = True
+            if job.need is not None and not job.need.done():
+                job.need.cancel()
+        elif isinstance(msg, KvNeed):
+            if job is None:
+                self.stray(peer, frame)
+            if job is None or job.cancelled or job.need is None:
+                await peer.send(rid, Cancel())
+            elif not job.need.done():
+                job.need.set_result(msg.start)
+
+    async def on_peer_lost(self, peer: Peer) -> None:
+        if peer.role == Role.MAIN_DECODE:
+            for job in self.jobs.values():
+                if job.request.metadata.get("md") == peer.name and job.need is not None \
+                        and not job.need.done():
+                    job.need.set_exception(ConnectionClosed(f"{peer.name} closed"))
+
+    async def _prefill_worker(self) -> None:
+        while True:
+            job = await self._queue.get()
+            if job.cancelled:
+                self._finish(job, {"cancelled": True})
+                continue
+            try:
+                await self._prefill(job)
+            except ValueError as err:  # e.g. ids outside the vocabulary: fail this request only
+                if self.router is not None:
+                    await self.router.send(job.rid, Error(ErrorCode.INTERNAL, f"prefill: {err}"))
+                self._finish(job, {"error": str(err)})
+                continue
+            self.spawn(self._ship(job), f"ship {job.rid}")
+
+    async def _prefill(self, job: PrefillJob) -> None:
+        prompt = job.request.prompt_token_ids
+        t_start = time.monotonic()
+        hit = self.prefix.match(prompt)
+        cache = cache_from_blocks(self.model, hit.values, len(prompt))
+        # In a worker thread (torch releases the GIL while it computes): the loop keeps
+        # shipping earlier requests' KV meanwhile, instead of stalling their transfers
+        # for a whole prefill once the kernel's socket buffer has drained.
+        logits, cache = await asyncio.to_thread(self.model.prefill, prompt, cache)
+        bs = self.cfg.prefill.block_size
+        self.prefix.insert(prompt, block_segments(cache, len(prompt), bs))
+        real_s = time.monotonic() - t_start
+        modeled_s = self.cost.prefill_s(len(prompt) - hit.n_tokens, hit.n_tokens)
+        job.cache, job.token0 = cache, argmax(logits)
+        job.t_start, job.hit = t_start, hit.n_tokens
+        job.t_end_est = t_start + max(real_s, modeled_s * self.pacer.time_scale)
+        if self.cfg.prefill.layerwise_local and \
+                job.pipeline in (Pipeline.P_RLD_MD, Pipeline.RLD_ONLY):
+            job.early = self.spawn(self._ship_path(job, Role.RELAY_DECODE), f"local {job.rid}")
+        overrun = await self.pacer.pad(modeled_s, real_s)
+        job.report.update(p_hit_rate=hit.n_tokens / len(prompt), hit_tokens=hit.n_tokens,
+                          prompt_len=len(prompt), queue_s=t_start - job.t_queued,
+                          prefill_real_s=real_s,
+                          prefill_modeled_s=modeled_s * self.pacer.time_scale,
+                          overruns=int(overrun),
+                          p_cache_hit_rate=self.prefix.stats.hit_rate,
+                          t_prefill_end=time.monotonic())
+        job.prefilled.set()
+
+    async def _ship(self, job: PrefillJob) -> None:
+        paths = []
+        if job.early is not None:
+            paths.append(job.early)
+        elif job.pipeline in (Pipeline.P_RLD_MD, Pipeline.RLD_ONLY):
+            paths.append(self._ship_path(job, Role.RELAY_DECODE))
+        if job.pipeline in (Pipeline.P_RLD_MD, Pipeline.P_MD):
+            paths.append(self._ship_path(job, Role.MAIN_DECODE))
+        await asyncio.gather(*paths)
+        self._finish(job, {"cancelled": job.cancelled})
+
+    async def _ship_path(self, job: PrefillJob, role: Role) -> None:
+        key = "rld" if role == Role.RELAY_DECODE else "md"
+        try:
+            peer = await self.peer(job.request.metadata[key])
+            meta = dict(job.request.metadata, token0=job.token0)
+            req = Request(job.request.prompt_token_ids, job.request.max_output_tokens, meta)
+            if role == Role.MAIN_DECODE:
+                job.need = asyncio.get_running_loop().create_future()
+            if not await peer.send(job.rid, req):
+                raise ConnectionClosed(f"{peer.name} closed")
+            start = 0 if role == Role.RELAY_DECODE else await job.need
+            sent = await self._send_kv(job, peer, start)
+            job.report[f"kv_{'intra' if key == 'rld' else 'wan'}_bytes"] = sent
+            if key == "md":
+                job.report["md_need_start"] = start
+        except asyncio.CancelledError:
+            if not (job.cancelled or job.md_cancelled):
+                raise
+        except ConnectionClosed as err:
+            if not job.cancelled and self.router is not None:
+                await self.router.send(job.rid, Error(ErrorCode.UNAVAILABLE,
+                                                      f"{role.name}: {err}"))
+
+    async def _send_kv(self, job: PrefillJob, peer: Peer, start: int) -> int:
+        """KV_CHUNKs of [start, n) then KV_DONE; return the KV_CHUNK bytes sent."""
+        n, step = len(job.request.prompt_token_ids), self.cfg.prefill.kv_chunk_tokens
+        sent = chunks = 0
+        for s in range(start, n, step):
+            if job.cancelled or (job.md_cancelled and peer.role == Role.MAIN_DECODE):
+                return sent
+            e = min(n, s + step)
+            if job.early is not None and peer.role == Role.RELAY_DECODE:
+                await _until(self._release_s(job, e))
+            chunk, overrun = kv_chunk(job.cache, s, e, self.cfg.timing.modeled_kv_bytes(e - s))
+            job.report["kv_overrun_bytes"] += overrun
+            if not await peer.send(job.rid, chunk):
+                raise ConnectionClosed(f"{peer.name} closed")
+            sent += chunk_frame_bytes(chunk)
+            chunks += 1
+            await asyncio.sleep(0)  # let the other path and other roles run
+        await job.prefilled.wait()  # token 0 exists once the prefill has ended
+        if not await peer.send(job.rid, KvDone(n, sent, chunks)):
+            raise ConnectionClosed(f"{peer.name} closed")
+        return sent
+
+    @staticmethod
+    def _release_s(job: PrefillJob, end: int) -> float:
+        """When the KV of positions [.., end) exists (layer-wise: the cached prefix at
+        once, the new tokens' in proportion to the prefill time elapsed)."""
+        n = len(job.request.prompt_token_ids)
+        if end <= job.hit or n <= job.hit:
+            return job.t_start
+        return job.t_start + (job.t_end_est - job.t_start) * (end - job.hit) / (n - job.hit)
+
+    def _finish(self, job: PrefillJob, extra: dict) -> None:
+        self.jobs.pop(job.rid, None)
+        job.cache = None
+        if self.router is not None:
+            report = Report(Role.PREFILL, self.name, dict(job.report, **extra))
+            self.spawn(self.router.send(job.rid, report), f"report {job.rid}")
+
+
+async def _until(t: float) -> None:
+    """Sleep until monotonic time ``t`` (no-op if it has passed)."""
+    delay = t - time.monotonic()
+    if delay > 0:
+        await asyncio.sleep(delay)

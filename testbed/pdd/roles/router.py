@@ -1,0 +1,537 @@
+"""The router role (DC A): routes client requests, forwards results, handles role loss.
+
+Lifecycle: ``start()`` listens for clients and connects to every P, RLD and
+MD instance of the config (each role learns the router from that HELLO and
+sends TOKENS, DONE, ERROR and REPORT back on it). Per request:
+
+1. client REQUEST(prompt, max_out, {id, session}) -> a router request id;
+   P's expected hit and the chosen MD's expected DRC hit from the router's
+   prefix mirrors; P's expected prefill end (its FIFO queue, modeled
+   prefill times); the WAN time predicted by ``wan_model.WanModel`` for
+   what MD lacks, behind the KV already committed to the WAN; RLD's room
+   (``routing.RldBudget``); ``routing.choose_pipeline`` picks the pipeline.
+   The router REPORTs the decision with every input and the prediction to
+   the client (the decision record: ``pipeline``, ``reason``, ``t_route``,
+   ``predicted_wan_s``, ``predicted_kv_at_md_s``, backlog, capacity, RTT,
+   RLD load, ``roles``) and sends P the REQUEST with metadata {pipeline, rld, md}.
+2. TOKENS, DONE, ERROR and REPORT from the roles are forwarded to the client
+   under the client's request id. The router keeps every token id RLD
+   emitted (for RLD loss), counts RLD's live requests and their modeled KV
+   tokens (+ when routed, - at RLD's REPORT, which RLD sends when it frees
+   the request). The WAN model is fed by MD's WAN status (request id 0,
+   every ``main.wan_status_interval_s``: KV bytes received, busy or not,
+   what each transfer still misses), by the router's HEALTH probes to each
+   MD (RTT), and by the end of each transfer (MD's first token or REPORT).
+3. At DONE (or a failure) every role of the pipeline gets CANCEL (roles
+   ignore ids they no longer hold), so P stops a useless WAN transfer and MD
+   drops a request RLD finished.
+
+Failure semantics (docs/pdd-roles.md): MD path lost (MD's connection, or an
+ERROR naming MAIN_DECODE) before MD emitted anything in ``p-rld-md`` ->
+ERROR(UNAVAILABLE) to RLD, which finishes the request itself; otherwise the
+request fails. RLD lost in ``p-rld-md`` before its final batch -> MD gets a
+final HANDOFF (batch ``RECOVERY_BATCH``) with the token ids RLD emitted;
+``rld-only`` -> fails. P lost before any token -> fails. Every failure is an
+ERROR to the client with the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import logging
+import time
+from dataclasses import dataclass, field
+
+from testbed.pdd.run.config import ClusterConfig, Mode, Pipeline
+from testbed.pdd.roles.peers import Peer, RoleServer
+from testbed.pdd.wire.protocol import (Cancel, Done, Error, ErrorCode, FinishReason, Frame, Handoff,
+                                  Health, HealthAck, Report, Request, Role, Tokens)
+from testbed.pdd.roles.routing import (InflightPrefixes, PrefixMirror, RldBudget, RouteInputs,
+                                 choose_pipeline)
+from testbed.pdd.roles.local_model import LocalPathModel
+from testbed.pdd.roles.wan_model import WanModel
+from testbed.pdd.wire.transport import ConnectionClosed, Transport
+
+log = logging.getLogger(__name__)
+
+RECOVERY_BATCH = 1000  # batch number of the router's HANDOFF after RLD loss
+_ROLES = (Role.PREFILL, Role.RELAY_DECODE, Role.MAIN_DECODE)
+
+
+@dataclass(eq=False)
+class Routed:
+    """One request at the router."""
+
+    rid: int
+    client: Peer
+    client_rid: int
+    pipeline: Pipeline
+    names: dict[Role, str]  # the instances of the pipeline's roles
+    request: Request | None = None  # the client's request (re-served from it)
+    delivered: list[int] = field(default_factory=list)  # ids forwarded, by client position
+    offset: int = 0  # client position of the current round's position 0 (re-served: > 0)
+    reserves: int = 0  # rounds re-served after a decoder was lost
+    rld_tokens: list[int] = field(default_factory=list)
+    md_emitted: bool = False
+    rld_freed: bool = False
+    terminal: bool = False
+    md_lost_sent: bool = False
+    md_prompt: tuple[int, ...] | None = None  # into MD's mirror once MD has the KV
+    recovered: bool = False
+    reports: set[Role] = field(default_factory=set)
+    rld_tokens_held: int = 0  # modeled KV tokens counted against RLD's budget
+    first_pipeline: str = ""  # the pipeline of the first round (re-served requests)
+
+
+class RouterNode(RoleServer):
+    """The router: see the module docstring."""
+
+    ROLE = Role.ROUTER
+
+    def __init__(self, cfg: ClusterConfig, name: str, transport: Transport):
+        super().__init__(cfg, name, transport)
+        self.mirror = PrefixMirror(cfg.prefill.block_size, cfg.prefill.cache_capacity_tokens)
+        self.md_mirrors: dict[str, PrefixMirror] = {}  # per MD instance: its DRC
+        rc = cfg.router
+        self.wan = WanModel(rc.wan_prior_gbit, rc.wan_rtt_s, window_min_s=rc.wan_window_min_s,
+                            window_rtts=rc.wan_window_rtts, rtt_window_s=rc.rtt_window_s,
+                            margin_band_s=2 * rc.relay_threshold_s,
+                            margin_quantile=rc.relay_margin_quantile,
+                            quantum_bytes=cfg.prefill.kv_chunk_tokens * cfg.timing.token_scale
+                            * cfg.timing.kv_bytes_per_token)
+        self.local = LocalPathModel(rc.local_gbit)
+        self.rld_budget = RldBudget.of(cfg.timing.cost(Role.RELAY_DECODE), rc,
+                                       cfg.model.max_context)
+        self.rld_held: dict[str, int] = {}  # modeled KV tokens per RLD
+        self.p_free_at: dict[str, float] = {}  # P's expected end of its queued prefills
+        self._pings: dict[int, float] = {}  # HEALTH nonce -> send time
+        self.md_inflight = InflightPrefixes(cfg.prefill.block_size)
+        self._nonces = itertools.count(1)
+        self.requests: dict[int, Routed] = {}
+        self._by_client: dict[tuple[int, int], Routed] = {}
+        self._rids = itertools.count(1)
+        self._rid_high = 0  # the highest request id handed out so far
+        self._rr = itertools.count()
+        self.rld_active: dict[str, int] = {}
+        self.dead: set[str] = set()
+
+    async def on_start(self) -> None:
+        for role in _ROLES:
+            for inst in self.cfg.of_role(role):
+                await self.peer(inst.name)  # ConnectionClosed if it does not come up
+                self.rld_active.setdefault(inst.name, 0)
+        for inst in self.cfg.of_role(Role.MAIN_DECODE):
+            self.spawn(self._probe_rtt(inst.name), f"rtt {inst.name}")
+
+    async def _probe_rtt(self, md: str) -> None:
+        """HEALTH to ``md`` every ``rtt_probe_interval_s``; the ACK is an RTT sample."""
+        while True:
+            peer = await self.peer_if_live(md)
+            if peer is not None:
+                nonce = next(self._nonces)
+                self._pings[nonce] = time.monotonic()
+                await peer.send(0, Health(nonce))
+            if len(self._pings) > 1000:  # unanswered probes (MD gone): forget the oldest
+                for n in sorted(self._pings)[:500]:
+                    del self._pings[n]
+            await asyncio.sleep(self.cfg.router.rtt_probe_interval_s)
+
+    def _new_rid(self) -> int:
+        self._rid_high = next(self._rids)
+        return self._rid_high
+
+    def _pick(self, role: Role) -> str | None:
+        live = [i.name for i in self.cfg.of_role(role) if i.name not in self.dead]
+        return live[next(self._rr) % len(live)] if live else None
+
+    async def on_frame(self, peer: Peer, frame: Frame) -> None:
+        rid, msg = frame.request_id, frame.message
+        if peer.role == Role.CLIENT:
+            if isinstance(msg, Request):
+                await self._route(peer, rid, msg)
+            elif isinstance(msg, Cancel) and (peer_id := (id(peer), rid)) in self._by_client:
+                await self._end(self._by_client[peer_id], None)
+            elif not isinstance(msg, Cancel):
+                self.stray(peer, frame, "a client sends REQUEST and CANCEL only")
+        elif peer.role in _ROLES and peer.outbound and rid in self.requests:
+            await self._from_role(peer, self.requests[rid], msg)
+        elif isinstance(msg, HealthAck) and msg.nonce in self._pings:
+            now = time.monotonic()
+            self.wan.add_rtt_sample(now, now - self._pings.pop(msg.nonce))
+        elif isinstance(msg, Report) and rid == 0 and peer.role == Role.MAIN_DECODE:
+            self._on_wan_status(msg.data)
+        elif isinstance(msg, HealthAck) or 0 < rid <= self._rid_high:
+            pass  # a late answer to a forgotten probe, or a late frame of an ended request
+        else:
+            self.stray(peer, frame)
+
+    def _on_wan_status(self, data: dict) -> None:
+        """MD's WAN status: a capacity sample, and what each transfer still misses."""
+        k, now = self.cfg.timing.kv_scale_k, time.monotonic()
+        self.wan.add_rate_sample(now, float(data["rx_bytes"]) * k, float(data["interval_s"]),
+                                 bool(data["busy"]))
+        for rid, remaining in data.get("pending", {}).items():
+            self.wan.progress(int(rid), float(remaining) * k, now)
+        for rid, t_done in data.get("kv_done", {}).items():
+            self._transfer_over(int(rid))
+            self.wan.kv_done(int(rid), float(t_done))
+
+    def active_requests(self) -> int:
+        return len(self.requests)
+
+    async def reject_request(self, peer: Peer, rid: int, why: str,
+                             code: ErrorCode = ErrorCode.PROTOCOL) -> None:
+        """A REQUEST refused before ``on_frame`` (``RoleServer._refusal``): the decision
+        record says why, then ERROR."""
+        if peer.role == Role.CLIENT:
+            info = {"pipeline": None, "reason": why, "roles": [], "mode": self.cfg.mode.value}
+            await peer.send(rid, Report(Role.ROUTER, self.name, info))
+        await super().reject_request(peer, rid, why, code)
+
+    async def _route(self, client: Peer, client_rid: int, req: Request) -> None:
+        names = {role: self._pick(role) for role in _ROLES}
+        r, info = self._decide(client, client_rid, req, names)
+        r.request = req
+        self.requests[r.rid] = r
+        self._by_client[(id(client), client_rid)] = r
+        await client.send(client_rid, Report(Role.ROUTER, self.name, info))
+        missing = [role.name for role, n in r.names.items() if n is None]
+        if missing:
+            await self._end(r, f"no live instance of {', '.join(missing)}")
+            return
+        if r.names.get(Role.RELAY_DECODE):
+            rld = r.names[Role.RELAY_DECODE]
+            self.rld_active[rld] = self.rld_active.get(rld, 0) + 1
+            self.rld_held[rld] = self.rld_held.get(rld, 0) + r.rld_tokens_held
+        meta = dict(req.metadata, pipeline=r.pipeline.value, rld=names[Role.RELAY_DECODE],
+                    md=names[Role.MAIN_DECODE])
+        p = await self.peer_if_live(r.names[Role.PREFILL])
+        if p is None or not await p.send(r.rid, Request(req.prompt_token_ids,
+                                                        req.max_output_tokens, meta)):
+            await self._end(r, "prefill unavailable")
+
+    def _decide(self, client: Peer, client_rid: int, req: Request,
+                names: dict) -> tuple[Routed, dict]:
+        """The pipeline of ``req`` and its decision record (every input, the prediction)."""
+        now, cfg, timing = time.monotonic(), self.cfg, self.cfg.timing
+        prompt, n = req.prompt_token_ids, len(req.prompt_token_ids)
+        hit = self.mirror.route(prompt)
+        md_mirror = self._md_mirror(names[Role.MAIN_DECODE])
+        md_hit = hit if md_mirror is None else md_mirror.hit(prompt)
+        p_name = names[Role.PREFILL]
+        prefill_s = timing.cost(Role.PREFILL).prefill_s(n - hit, hit) * timing.time_scale
+        p_start = max(now, self.p_free_at.get(p_name, now))
+        p_end = p_start + prefill_s
+        md = names[Role.MAIN_DECODE]
+        shared, dep_arrival = self.md_inflight.longest(md, prompt)
+        start = p_end
+        if shared > md_hit:  # MD will wait for that transfer, then fetch the rest
+            md_hit, start = shared, max(p_end, dep_arrival)
+        wan_bytes = (n - md_hit) * timing.token_scale * timing.kv_bytes_per_token
+        pred = self.wan.predict(now, wan_bytes, start)
+        if start > p_end:  # measured from P's prefill end, the wait for the prefix included
+            pred = dataclasses.replace(pred, wan_s=pred.wan_s + start - p_end, start_s=p_end)
+        rld = names[Role.RELAY_DECODE]
+        active = self.rld_active.get(rld, 0)
+        held = n * timing.token_scale + req.max_output_tokens
+        room = ("no live RELAY_DECODE" if rld is None
+                else self.rld_budget.room(active, self.rld_held.get(rld, 0), held))
+        kv_token_bytes = timing.token_scale * timing.kv_bytes_per_token
+        local_start = p_start if cfg.prefill.layerwise_local else p_end
+        local_s = self.local.predict(now, n * kv_token_bytes, local_start, p_end,
+                                     min(n, cfg.prefill.kv_chunk_tokens) * kv_token_bytes)
+        step = timing.cost(Role.RELAY_DECODE).decode_step_s(active + 1, (active + 1) * n)
+        rld_decode_s = req.max_output_tokens * step * timing.time_scale
+        margin = self.wan.margin_s()
+        d = choose_pipeline(cfg.mode, cfg.router, timing,
+                            RouteInputs(n, req.max_output_tokens, pred.wan_s, rld_decode_s, room,
+                                        warmup=bool(req.metadata.get("warmup")),
+                                        wan_margin_s=margin, md_live=md is not None,
+                                        local_s=local_s))
+        involved = {Role.PREFILL}
+        if d.pipeline != Pipeline.P_MD:
+            involved.add(Role.RELAY_DECODE)
+        if d.pipeline != Pipeline.RLD_ONLY:
+            involved.add(Role.MAIN_DECODE)
+        r = Routed(self._new_rid(), client, client_rid, d.pipeline,
+                   {role: names[role] for role in involved})
+        if p_name is not None:
+            self.p_free_at[p_name] = p_end
+        if Role.RELAY_DECODE in involved:
+            r.rld_tokens_held = held
+            self.local.commit(r.rid, n * kv_token_bytes, local_start)
+        if Role.MAIN_DECODE in involved:
+            self.wan.commit(r.rid, wan_bytes, start)
+            self.md_inflight.add(md, r.rid, prompt, pred.arrival_s)
+            self.wan.watch(r.rid, now, wan_bytes, pred)
+            if md_mirror is not None:
+                r.md_prompt = tuple(prompt)  # MD's DRC will insert it
+        info = {"pipeline": d.pipeline.value, "reason": d.reason, "t_route": round(now, 6),
+                **pred.as_dict(), "wan_margin_s": round(margin, 6),
+                "wan_margin_samples": self.wan.n_errors, "predicted_local_s": round(local_s, 6),
+                "local_backlog_bytes": int(self.local.backlog_bytes(now)),
+                "local_backlog_transfers": self.local.n_transfers,
+                "predicted_prefill_end_s": round(p_end, 6),
+                "inflight_shared_tokens": shared,
+                "predicted_prefill_s": round(prefill_s, 6), "wan_nominal_bytes": wan_bytes,
+                "router_hit_tokens": hit, "router_md_hit_tokens": md_hit,
+                "rld_active": active, "rld_held_tokens": self.rld_held.get(rld, 0),
+                "rld_budget": {"max_batch": self.rld_budget.max_batch,
+                               "kv_tokens": self.rld_budget.kv_tokens},
+                "rld_decode_s": round(rld_decode_s, 6),
+                "roles": sorted(role.name for role in involved), "mode": cfg.mode.value}
+        return r, info
+
+    def _transfer_over(self, rid: int) -> None:
+        """Request ``rid``'s KV is at MD, or will not be: out of the backlog."""
+        self.wan.done(rid)
+        self.md_inflight.remove(rid)
+
+    def _md_has_kv(self, r: Routed) -> None:
+        """MD holds the prompt's KV (its first token, or its transfer report):
+        its DRC inserted the prompt, so the mirror does too. Not earlier: a
+        next turn routed while the transfer is under way finds MD without it
+        (MD fetches it again)."""
+        self._transfer_over(r.rid)
+        if r.md_prompt is not None:
+            mirror = self._md_mirror(r.names.get(Role.MAIN_DECODE))
+            if mirror is not None:
+                mirror.record(r.md_prompt)
+            r.md_prompt = None
+
+    def _md_mirror(self, md: str | None) -> PrefixMirror | None:
+        if md is None:
+            return None
+        if md not in self.md_mirrors:
+            self.md_mirrors[md] = PrefixMirror(self.cfg.prefill.block_size,
+                                               self.cfg.main.drc_capacity_tokens)
+        return self.md_mirrors[md]
+
+    async def peer_if_live(self, name: str | None) -> Peer | None:
+        if name is None or name in self.dead or name not in self._out:
+            return None
+        return self._out[name]
+
+    async def _from_role(self, peer: Peer, r: Routed, msg) -> None:
+        if isinstance(msg, Report):
+            await self._on_report(r, msg)
+            return
+        if r.terminal:
+            return
+        if isinstance(msg, Tokens):
+            if msg.producer == Role.RELAY_DECODE:
+                self.local.done(r.rid)  # RLD emits once P's KV_DONE reached it
+                r.rld_tokens[msg.start_position:] = msg.token_ids
+            else:
+                r.md_emitted = True
+                self._md_has_kv(r)
+            if r.offset:
+                msg = Tokens(msg.producer, msg.start_position + r.offset, msg.token_ids)
+            r.delivered[msg.start_position:] = msg.token_ids
+            await r.client.send(r.client_rid, msg)
+        elif isinstance(msg, Done):
+            await r.client.send(r.client_rid, Done(msg.num_output_tokens + r.offset,
+                                                   msg.finish_reason))
+            await self._end(r, None)
+        elif isinstance(msg, Error) and peer.role == Role.RELAY_DECODE:
+            # RLD's answer to "md lost": it had already sent its final batch and freed it
+            await self._reserve(r, Role.MAIN_DECODE, f"MAIN_DECODE lost after the final "
+                                                     f"handoff ({msg.reason})")
+        elif isinstance(msg, Error):
+            await self._path_failed(r, _failed_path(peer.role, msg), msg.reason)
+
+    async def _on_report(self, r: Routed, msg: Report) -> None:
+        if msg.role in r.reports:
+            return
+        r.reports.add(msg.role)
+        if msg.role == Role.RELAY_DECODE:
+            r.rld_freed = True
+            self.local.done(r.rid)
+            name = r.names[Role.RELAY_DECODE]
+            self.rld_active[name] = max(0, self.rld_active.get(name, 0) - 1)
+            self.rld_held[name] = max(0, self.rld_held.get(name, 0) - r.rld_tokens_held)
+        if msg.role == Role.PREFILL and "t_prefill_end" in msg.data:
+            self.wan.prefill_ended(r.rid, float(msg.data["t_prefill_end"]))
+        if msg.role == Role.MAIN_DECODE:
+            self._transfer_over(r.rid)  # the transfer ended (KV at MD, or cancelled)
+            if "kv_transfer_s" in msg.data:
+                self._md_has_kv(r)
+        await r.client.send(r.client_rid, msg)
+        if r.terminal and r.reports >= set(r.names):
+            self._forget(r)
+
+    async def _path_failed(self, r: Routed, role: Role, why: str) -> None:
+        if r.terminal:
+            return
+        names = r.names
+        if role == Role.MAIN_DECODE and r.pipeline == Pipeline.P_RLD_MD and not r.md_emitted \
+                and not r.rld_freed and names[Role.RELAY_DECODE] not in self.dead:
+            rld = await self.peer_if_live(names[Role.RELAY_DECODE])
+            if not r.md_lost_sent and rld is not None:
+                r.md_lost_sent = True
+                await rld.send(r.rid, Error(ErrorCode.UNAVAILABLE, f"md lost: {why}"))
+            return
+        if role == Role.RELAY_DECODE and r.pipeline == Pipeline.P_RLD_MD:
+            md = await self.peer_if_live(names[Role.MAIN_DECODE])
+            if md is not None and (r.rld_freed or r.recovered):
+                return  # RLD had handed over, or MD already has RLD's tokens: MD carries on
+            if md is not None:
+                r.recovered = True
+                await md.send(r.rid, Handoff(RECOVERY_BATCH, 0, tuple(r.rld_tokens), True))
+                return
+        if role == Role.PREFILL:
+            if r.rld_tokens or r.md_emitted:
+                return  # the KV had already left P
+            await self._end(r, f"{role.name} lost: {why}")
+            return
+        await self._reserve(r, role, f"{role.name} lost: {why}")
+
+    async def _reserve(self, r: Routed, lost: Role, why: str) -> None:
+        """Re-serve ``r`` after decoder ``lost`` died holding it: P prefills the prompt
+        plus every token the client has, and the other decoder continues from there
+        (RLD ``rld-only`` when MD was lost, within RLD's room; MD ``p-md`` when RLD
+        was). The client sees each position once: the new round's positions start
+        at ``len(r.delivered)``. Fails the request when no role can continue it."""
+        if r.terminal:
+            return
+        req, d = r.request, len(r.delivered)
+        if req is not None and d >= req.max_output_tokens:  # only DONE was lost
+            await r.client.send(r.client_rid, Done(d, FinishReason.LENGTH))
+            await self._end(r, None)
+            return
+        target, pipeline, cannot = self._reserve_target(r, lost)
+        if cannot is not None:
+            await self._end(r, f"{why}; not re-served: {cannot}")
+            return
+        for name in r.names.values():  # stop what is left of the old round
+            if (peer := await self.peer_if_live(name)) is not None:
+                await peer.send(r.rid, Cancel())
+        self._retire(r)
+        p = self._pick(Role.PREFILL)
+        decoder = Role.RELAY_DECODE if pipeline == Pipeline.RLD_ONLY else Role.MAIN_DECODE
+        first = r.pipeline.value if not r.reserves else r.first_pipeline
+        r.rid, r.offset, r.reserves, r.first_pipeline = self._new_rid(), d, r.reserves + 1, first
+        r.pipeline, r.names, r.reports = pipeline, {Role.PREFILL: p, decoder: target}, set()
+        r.rld_tokens, r.md_emitted, r.rld_freed = [], False, False
+        r.md_lost_sent = r.recovered = False
+        r.md_prompt, r.rld_tokens_held = None, 0
+        self.requests[r.rid] = r
+        if decoder == Role.RELAY_DECODE:
+            r.rld_tokens_held = self._rld_tokens(req, d)
+            self.rld_active[target] = self.rld_active.get(target, 0) + 1
+            self.rld_held[target] = self.rld_held.get(target, 0) + r.rld_tokens_held
+        info = {"pipeline": f"{first}->re-served-{pipeline.value}",
+                "reason": f"re-served after {why}",
+                "reserve": {"round": r.reserves, "from_position": d, "lost": lost.name,
+                            "t": round(time.monotonic(), 6)},
+                "roles": sorted(role.name for role in r.names), "mode": self.cfg.mode.value}
+        await r.client.send(r.client_rid, Report(Role.ROUTER, self.name, info))
+        meta = dict(req.metadata, pipeline=pipeline.value, rld=r.names.get(Role.RELAY_DECODE),
+                    md=r.names.get(Role.MAIN_DECODE))
+        prompt = tuple(req.prompt_token_ids) + tuple(r.delivered)
+        peer = await self.peer_if_live(p)
+        if peer is None or not await peer.send(r.rid, Request(
+                prompt, req.max_output_tokens - d, meta)):
+            await self._end(r, f"{why}; not re-served: prefill unavailable")
+
+    def _reserve_target(self, r: Routed, lost: Role) -> tuple[str | None, Pipeline, str | None]:
+        """(decoder instance, pipeline, None) to re-serve ``r`` on, or (.., why not)."""
+        if self.cfg.mode in (Mode.CROSS_DC_PD, Mode.SAME_DC_PD):
+            return None, Pipeline.P_MD, f"{self.cfg.mode.value} has one decoder only"
+        if r.request is None or self._pick(Role.PREFILL) is None:
+            return None, Pipeline.P_MD, "no live PREFILL"
+        if lost == Role.RELAY_DECODE:
+            md = self._pick(Role.MAIN_DECODE)
+            return md, Pipeline.P_MD, None if md else "no live MAIN_DECODE"
+        rld = self._pick(Role.RELAY_DECODE)
+        if rld is None:
+            return None, Pipeline.RLD_ONLY, "no live RELAY_DECODE"
+        room = self.rld_budget.room(self.rld_active.get(rld, 0), self.rld_held.get(rld, 0),
+                                    self._rld_tokens(r.request, len(r.delivered)))
+        return rld, Pipeline.RLD_ONLY, room
+
+    def _rld_tokens(self, req: Request, delivered: int) -> int:
+        """Modeled KV tokens RLD holds for ``req`` re-served after ``delivered`` tokens."""
+        return (len(req.prompt_token_ids) + delivered) * self.cfg.timing.token_scale \
+            + req.max_output_tokens - delivered
+
+    def _retire(self, r: Routed) -> None:
+        """The old round of a re-served request: out of the id map and the WAN model."""
+        self.requests.pop(r.rid, None)
+        self.wan.forget(r.rid)
+        self.local.done(r.rid)
+        self.md_inflight.remove(r.rid)
+
+    async def on_peer_lost(self, peer: Peer) -> None:
+        if peer.role == Role.CLIENT:  # nobody left to serve: cancel its open requests
+            for r in [r for r in self.requests.values() if r.client is peer]:
+                await self._end(r, None)
+            return
+        if peer.role not in _ROLES or not peer.outbound:
+            return  # the router's links to roles are its own; an inbound "role" is a stranger
+        if peer.name not in self.dead:
+            self.spawn(self._revive(peer.name, peer.role), f"revive {peer.name}")
+        self.dead.add(peer.name)
+        for r in list(self.requests.values()):
+            if not r.terminal and r.names.get(peer.role) == peer.name:
+                await self._path_failed(r, peer.role, f"connection to {peer.name} lost")
+
+    async def _revive(self, name: str, role: Role) -> None:
+        """Reconnect to a lost instance every ``revive_interval_s`` until it answers (a
+        restarted process); then route to it again. A restarted process starts empty:
+        MD's DRC and P's prefix cache are forgotten, RLD holds nothing."""
+        while not self._stopped:
+            await asyncio.sleep(self.cfg.router.revive_interval_s)
+            try:
+                await self.peer(name)
+            except ConnectionClosed:
+                continue
+            if role == Role.MAIN_DECODE:
+                self.md_mirrors.pop(name, None)
+                self.md_inflight.forget_md(name)
+            elif role == Role.PREFILL:
+                self.mirror = PrefixMirror(self.cfg.prefill.block_size,
+                                           self.cfg.prefill.cache_capacity_tokens)
+                self.p_free_at.pop(name, None)
+            else:
+                self.rld_active[name], self.rld_held[name] = 0, 0
+            self.dead.discard(name)
+            log.info("%s is back: routing to it again", name)
+            return
+
+    async def _end(self, r: Routed, failure: str | None) -> None:
+        """The request is over (DONE forwarded, client CANCEL, or ``failure``)."""
+        if r.terminal:
+            return
+        r.terminal = True
+        if failure is not None:
+            await r.client.send(r.client_rid, Error(ErrorCode.UNAVAILABLE, failure))
+        # A relayed request that RLD finished before MD had its KV: let the WAN
+        # transfer complete so MD's DRC still gets the prefix (DRC stays aligned
+        # with P's cache); RLD cancels MD when MD reports KV_READY.
+        keep_wan = failure is None and r.pipeline == Pipeline.P_RLD_MD and not r.md_emitted
+        for role, name in r.names.items():
+            if keep_wan and role in (Role.PREFILL, Role.MAIN_DECODE):
+                continue
+            if role == Role.MAIN_DECODE:
+                self._transfer_over(r.rid)
+            peer = await self.peer_if_live(name)
+            if peer is not None:
+                await peer.send(r.rid, Cancel())
+        if r.reports >= set(r.names):
+            self._forget(r)
+
+    def _forget(self, r: Routed) -> None:
+        self.requests.pop(r.rid, None)
+        self.wan.forget(r.rid)
+        self.local.done(r.rid)
+        self.md_inflight.remove(r.rid)
+        self._by_client.pop((id(r.client), r.client_rid), None)
+
+
+def _failed_path(sender: Role, err: Error) -> Role:
+    """Which role's path an ERROR is about: P and MD name it first ("ROLE: why")."""
+    head = err.reason.split(":", 1)[0]
+    return Role[head] if head in ("MAIN_DECODE", "RELAY_DECODE") else sender
