@@ -49,7 +49,7 @@ def _load_topology(args):
 
 
 def cmd_validate(args) -> int:
-    from testbed.spec.reader import load_yaml
+    from testbed.reader import load_yaml
     from testbed.spec.topology import parse_topology
 
     for path in args.files:
@@ -74,7 +74,7 @@ def cmd_validate(args) -> int:
 
 
 def cmd_plan(args) -> int:
-    from testbed.net.apply import plan_json
+    from testbed.net.plan import plan_json
     from testbed.net.build import make_plan
     from testbed.net.shaping import Backend
 

@@ -20,14 +20,12 @@ Example::
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from testbed.errors import ApplyError, EmulationError
 from testbed.net import naming, plan as P, tc
@@ -302,18 +300,3 @@ def _channel_fields(ch: P.Channel, scale: float) -> dict:
             "delay_ms": imp.delay_ms if imp else None, "jitter_ms": imp.jitter_ms if imp else None,
             "loss_pct": imp.loss.mean_pct if imp else None}
 
-
-def plan_json(plan: P.NetworkPlan) -> str:
-    """The plan as JSON lines (for --dry-run and metadata)."""
-    import dataclasses
-
-    def enc(o):
-        if dataclasses.is_dataclass(o):
-            return {"step": type(o).__name__, **{f.name: getattr(o, f.name)
-                                                  for f in dataclasses.fields(o)}}
-        if isinstance(o, Backend):
-            return o.value
-        if isinstance(o, Path):
-            return str(o)
-        raise TypeError(type(o))
-    return "\n".join(json.dumps(s, default=enc) for s in plan.steps)

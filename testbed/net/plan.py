@@ -23,8 +23,11 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from testbed.errors import EmulationError, PlanError
 from testbed.net import naming
@@ -310,3 +313,17 @@ def plan_network(topo: Topology, prefix: str, backend: Backend, scale: float,
     _plan_wan(ctx)
     return NetworkPlan(topo, prefix, backend, scale, seed, tuple(ctx.steps),
                        tuple(ctx.channels), ctx.addresses)
+
+
+def plan_json(plan: NetworkPlan) -> str:
+    """The plan as JSON lines (for --dry-run and metadata)."""
+    def enc(o):
+        if dataclasses.is_dataclass(o):
+            return {"step": type(o).__name__, **{f.name: getattr(o, f.name)
+                                                  for f in dataclasses.fields(o)}}
+        if isinstance(o, Backend):
+            return o.value
+        if isinstance(o, Path):
+            return str(o)
+        raise TypeError(type(o))
+    return "\n".join(json.dumps(s, default=enc) for s in plan.steps)

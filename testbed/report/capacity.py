@@ -220,7 +220,7 @@ def parse_capacity_config(data: object, file: str) -> CapacityConfig:
         rld_token_share: 0.062
         goodput_ratio: 1.278
     """
-    from testbed.spec.reader import Fields
+    from testbed.reader import Fields
 
     d = CapacityConfig()
     f = Fields(data if data is not None else {}, file, "")
@@ -266,7 +266,7 @@ def parse_capacity_config(data: object, file: str) -> CapacityConfig:
 def load_capacity_config(path: str | Path | None) -> CapacityConfig:
     if path is None:
         return CapacityConfig()
-    from testbed.spec.reader import load_yaml
+    from testbed.reader import load_yaml
 
     return parse_capacity_config(load_yaml(path), str(path))
 

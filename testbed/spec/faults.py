@@ -27,7 +27,7 @@ from pathlib import Path
 
 from testbed.errors import SpecError
 from testbed.spec.link import LossSpec, parse_loss
-from testbed.spec.reader import Fields, finite, is_file, read_text
+from testbed.reader import Fields, finite, is_file, read_text
 
 FAULT_KINDS = ("bandwidth", "bandwidth_schedule", "rtt", "loss", "link_flap", "congestion",
                "kill", "restart")

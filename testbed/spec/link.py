@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import math
 
 from testbed.errors import SpecError
-from testbed.spec.reader import Fields
+from testbed.reader import Fields
 
 # The one list of each: spec, netem encoder (net/netem.py) and delay line
 # (net/impairments.py) all read these.

@@ -21,9 +21,10 @@ from pathlib import Path
 from testbed.errors import SpecError
 from testbed.spec.faults import FaultSpec, parse_faults
 from testbed.spec.link import parse_link
-from testbed.spec.reader import Fields, is_file, load_yaml
+from testbed.reader import Fields, is_file, load_yaml
 from testbed.spec.topology import Topology, load_topology
 from testbed.types import PDD_DEFAULTS as _D
+from testbed.workload import parse_workload
 from testbed.types import HandoffMode, Mode
 
 
@@ -180,7 +181,6 @@ _WAN_FIELDS = ("rate_gbit", "delay_ms", "jitter_ms", "jitter_distribution", "los
 
 
 def parse_scenario(data: object, file: str) -> Scenario:
-    from testbed.workload import parse_workload
 
     base = Path(file).parent
     f = Fields(data, file, "")
@@ -223,7 +223,6 @@ def _merge(base: object, over: object) -> object:
 def _parse_modes(f: Fields, pdd: PddSettings, workload_raw: object,
                  workload: object) -> tuple[ModeRun, ...]:
     """``modes``: names of modes, or variants {name, mode, pdd: {...}, workload: {...}}."""
-    from testbed.workload import parse_workload
 
     mode_vals = tuple(m.value for m in Mode)
     out: list[ModeRun] = []

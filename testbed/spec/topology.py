@@ -26,7 +26,7 @@ from pathlib import Path
 
 from testbed.errors import SpecError
 from testbed.spec.link import LinkSpec, parse_link
-from testbed.spec.reader import Fields, load_yaml
+from testbed.reader import Fields, load_yaml
 
 IFNAMSIZ = 15  # usable characters in a Linux interface name
 NAME_RE = re.compile(r"^[a-z][a-z0-9]*$")

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from testbed.spec.reader import Fields, load_yaml
+from testbed.reader import Fields, load_yaml
 from testbed.workload.hitrate import pdd_bins
 from testbed.workload.mooncake import load_mooncake
 from testbed.workload.records import Request, Workload, WorkloadStats, summarize

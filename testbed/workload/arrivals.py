@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from testbed.spec.reader import Fields
+from testbed.reader import Fields
 
 MAX_RATE_RPS = 1e6
 MAX_BURST_SIZE = 100_000

@@ -35,7 +35,7 @@ from typing import Iterable
 import numpy as np
 
 from testbed.errors import SpecError
-from testbed.spec.reader import Fields, join
+from testbed.reader import Fields, join
 
 PDD_BINS_PCT: tuple[tuple[float, float], ...] = (
     (0, 90), (90, 95), (95, 96), (96, 97), (97, 98), (98, 99), (99, 100))

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from testbed.errors import SpecError
-from testbed.spec.reader import Fields, join
+from testbed.reader import Fields, join
 
 MAX_TOKENS = 1 << 20  # longest prompt/output any distribution may produce
 

@@ -44,7 +44,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from testbed.errors import SpecError
-from testbed.spec.reader import is_file
+from testbed.reader import is_file
 from testbed.strict import finite, parse_json
 from testbed.workload.records import Request
 from testbed.workload.spec import MooncakeSpec, WorkloadSpec, error_path

@@ -39,7 +39,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from testbed.spec.reader import Fields, join
+from testbed.reader import Fields, join
 from testbed.workload.arrivals import ArrivalSpec, parse_arrival
 from testbed.workload.hitrate import HitRateSpec, parse_hit_rate
 from testbed.workload.lengths import MAX_TOKENS, LengthDist, parse_length_dist

@@ -25,7 +25,7 @@ from testbed.pdd.compute.model import ModelConfig, TinyDecoder
 from testbed.pdd.run.node import tcp_options
 from testbed.pdd.roles.peers import Peer, RoleServer, request_problem
 from testbed.pdd.wire.protocol import (HEADER_SIZE, MAGIC, VERSION, Cancel, Error, ErrorCode, Frame,
-                                  FrameDecoder, FrameLimits, Health, Hello, KvChunk, MsgType,
+                                  FrameDecoder, FrameLimits, Health, Hello, MsgType,
                                   Request, Role, Tokens, encode_frame)
 from testbed.pdd.wire.transport import ConnectionClosed, TcpOptions, TcpTransport
 from tests.unit.pdd_fixtures import small_config

@@ -16,7 +16,7 @@ from testbed.net.encoders import delay_params, netem_params
 from testbed.net.impairments import JitterDistribution, LossModel
 from testbed.net.netem import DISTRIBUTIONS
 from testbed.net.shaping import Backend
-from testbed.spec.link import JITTER_DISTRIBUTIONS, LOSS_MODELS, LinkSpec, LossSpec
+from testbed.spec.link import JITTER_DISTRIBUTIONS, LOSS_MODELS, LossSpec
 from testbed.spec.scenario import parse_scenario
 from testbed.spec.topology import load_topology
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from testbed.net import plan as P
-from testbed.net.apply import plan_json
+from testbed.net.plan import plan_json
 from testbed.net.build import auto_scale, make_plan
 from testbed.net.shaping import (GSO_MAX_BYTES, Backend, choose_scale, htb_params,
                                  queue_limit_pkts)

@@ -10,7 +10,7 @@ import yaml
 
 from testbed.errors import SpecError
 from testbed.spec.link import LossSpec
-from testbed.spec.reader import load_yaml
+from testbed.reader import load_yaml
 from testbed.spec.topology import Role, load_topology, parse_topology
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from testbed.errors import SpecError
-from testbed.spec.reader import Fields
+from testbed.reader import Fields
 from testbed.workload import build_workload, load_workload, parse_workload
 from testbed.workload.mooncake import read_trace
 from testbed.workload.tokens import VOCAB_SIZE

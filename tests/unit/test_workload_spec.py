@@ -7,7 +7,7 @@ import copy
 import pytest
 
 from testbed.errors import SpecError
-from testbed.spec.reader import Fields, load_yaml
+from testbed.reader import Fields, load_yaml
 from testbed.workload import WorkloadKind, parse_workload
 from testbed.workload.arrivals import ArrivalProcess
 from testbed.workload.hitrate import PDD_BINS_PCT, skewed_bins

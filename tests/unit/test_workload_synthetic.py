@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from testbed.pdd.compute.radix import RadixCache
-from testbed.spec.reader import Fields
+from testbed.reader import Fields
 from testbed.workload import build_workload, parse_workload
 from testbed.workload.arrivals import ArrivalProcess, ArrivalSpec, arrival_times
 from testbed.workload.cachesim import measure_hit_tokens

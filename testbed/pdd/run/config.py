@@ -37,7 +37,7 @@ from testbed.pdd.compute.costmodel import GPU_A, GPU_B, CostModel, ModelProfile
 from testbed.pdd.compute.model import ModelConfig
 from testbed.pdd.wire.fields import Role
 from testbed.types import PDD_DEFAULTS as _D
-from testbed.types import HandoffMode, Mode, Pipeline
+from testbed.types import HandoffMode, Mode, Pipeline  # noqa: F401 (Pipeline re-exported)
 
 # The tiny model the roles run in a scenario (testbed/scenario/cluster_config.py)
 # and in client_bench: small enough that real compute stays below the modeled
