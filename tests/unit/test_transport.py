@@ -278,7 +278,9 @@ def test_fake_delay_applies_per_direction_and_keeps_order():
         return connect_s, rtt_s, answers
 
     connect_s, rtt_s, answers = run(scenario())
-    assert 0.07 <= connect_s < 0.5 and 0.07 <= rtt_s < 0.5
+    # both directions' delays apply (a lower bound: a loaded machine only adds time;
+    # how close the fake comes to its delays is not a unit test's business)
+    assert connect_s >= 0.07 and rtt_s >= 0.07
     assert [a[0].message.token_ids for a in answers] == [(1,), (2,), (3,)]
 
 
