@@ -36,6 +36,12 @@ Definitions (docs/run-directory.md):
   happened, per request whose KV reached MD: ``|predicted - actual| /
   actual`` of the time from P's prefill end to the KV complete at MD
   (record ``kv_at_md``: ``predicted_wan_s`` vs ``actual_wan_s``).
+- ``wan_rate_max_over_shaper``: the largest rate links.csv shows on the
+  WAN (either direction, between consecutive samples at least
+  RATE_MIN_INTERVAL_S apart) over the rate its htb class allowed then (the
+  higher of the two rows' emulated rates); above 1 by more than the htb
+  burst over the interval means the samples are wrong, not the shaper
+  (``shaper_rate_ratios``). None without WAN samples.
 
 Example::
 
@@ -60,7 +66,8 @@ MODE_KEYS = ("requests_total", "requests_completed", "requests_failed",
              "tpot_p50_ms", "e2e_p99_s", "goodput_rps", "handoff_stall_p99_ms",
              "relay_overhead_p50_ms", "relay_overhead_p90_ms",
              "wan_bytes", "intra_dc_bytes", "rld_token_share", "relayed_share",
-             "kv_prediction_error_p50", "kv_prediction_error_p90", "emulated")
+             "kv_prediction_error_p50", "kv_prediction_error_p90",
+             "wan_rate_max_over_shaper", "emulated")
 EMULATED_KEYS = ("wan_bytes", "intra_dc_bytes")
 # Every name an expectation or a comparison may use.
 MODE_METRICS = tuple(k for k in MODE_KEYS if k != "emulated") + tuple(
@@ -222,8 +229,35 @@ def link_bytes(samples: Iterable[LinkSample], link: str) -> dict[str, int]:
     return {d: last[d] - first[d] for d in last}
 
 
+RATE_MIN_INTERVAL_S = 0.25  # shorter intervals: a 64 KB GSO frame is a large share
+
+
+def shaper_rate_ratios(samples: Iterable[LinkSample], link: str = "wan",
+                       min_interval_s: float = RATE_MIN_INTERVAL_S) -> list[tuple[float, str, float]]:
+    """(t_mono, direction, sampled rate / shaper rate) for each pair of consecutive rows
+    of ``link`` at least ``min_interval_s`` apart; rows without a rate are skipped."""
+    out = []
+    by_dir: dict[str, list[LinkSample]] = {}
+    for s in sorted((s for s in samples if s.link == link), key=lambda s: s.t_mono):
+        by_dir.setdefault(s.direction, []).append(s)
+    for direction, rows in by_dir.items():
+        prev = None
+        for s in rows:
+            if prev is None or s.emulated_rate_gbit is None or prev.emulated_rate_gbit is None:
+                prev = s
+                continue
+            dt = s.t_mono - prev.t_mono
+            if dt < min_interval_s:
+                continue  # keep prev: measure over a longer interval
+            allowed = max(s.emulated_rate_gbit, prev.emulated_rate_gbit) * 1e9
+            if allowed > 0 and s.bytes >= prev.bytes:
+                out.append((s.t_mono, direction, (s.bytes - prev.bytes) * 8 / dt / allowed))
+            prev = s
+    return out
+
+
 def mode_metrics(records: Sequence[Mapping], events: Sequence[Mapping], sla: Sla,
-                 scale: float) -> dict:
+                 scale: float, links: Sequence[LinkSample] = ()) -> dict:
     """One mode's entry of summary.json, keys in contract order."""
     done = completed(records)
     ttft = [r.get("ttft_s") for r in done]
@@ -250,6 +284,8 @@ def mode_metrics(records: Sequence[Mapping], events: Sequence[Mapping], sla: Sla
         "relayed_share": relayed_share(records),
         "kv_prediction_error_p50": percentile(kv_prediction_errors(records), 50),
         "kv_prediction_error_p90": percentile(kv_prediction_errors(records), 90),
+        "wan_rate_max_over_shaper": max((r for _, _, r in shaper_rate_ratios(links)),
+                                        default=None),
         "emulated": emulated,
     }
 

@@ -86,7 +86,8 @@ def verification(run: RunData, mode: str) -> dict:
 def summarize(run: RunData) -> dict:
     """The summary.json object of a run (raises ExpectationError for a broken expectation)."""
     sla = Sla.from_resolved(run.resolved)
-    modes = {m.name: mode_metrics(m.requests, m.events, sla, run.scale) for m in run.modes}
+    modes = {m.name: mode_metrics(m.requests, m.events, sla, run.scale, m.links)
+             for m in run.modes}
     for name, m in modes.items():  # nominal bytes are counts
         m["wan_bytes"], m["intra_dc_bytes"] = round(m["wan_bytes"]), round(m["intra_dc_bytes"])
         m.update(verification(run, name))
