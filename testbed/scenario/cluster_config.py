@@ -65,6 +65,7 @@ def cluster_dict_for(topo: Topology, scale: float, mode_run, settings: dict,
                    "wan_rtt_s": topo.wan.rtt_ms / 1000.0,
                    "local_gbit": local_gbit(topo)},
         "client": {"request_timeout_s": pdd.request_timeout_s},
+        **({} if pdd.drc else {"main": {"drc_capacity_tokens": 0}}),  # 0: MD reuses nothing
         **settings,
     }
 

@@ -55,6 +55,8 @@ class PddSettings:
     relay_margin_quantile: float = _D.relay_margin_quantile
     time_scale: float = _D.time_scale
     request_timeout_s: float = _D.request_timeout_s
+    drc: bool = True                     # MD's decode-side prefix cache; false: every request's
+                                         # whole KV crosses the WAN (claim 3's comparison)
 
 
 @dataclass(frozen=True)
@@ -133,7 +135,8 @@ def _parse_pdd(f: Fields | None, d: PddSettings = PddSettings()) -> PddSettings:
                                     hi=1),
         time_scale=f.num("time_scale", d.time_scale, lo=0, lo_open=True),
         request_timeout_s=f.num("request_timeout_s", d.request_timeout_s, lo=0, lo_open=True,
-                                unit="s"))
+                                unit="s"),
+        drc=f.bool("drc", d.drc))
     f.done()
     return s
 

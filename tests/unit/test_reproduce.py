@@ -137,6 +137,23 @@ def test_wan_bytes_counterfactual(tmp_path):
     assert c.verdict == NOT_HERE and "drc" in c.reason
 
 
+@pytest.mark.parametrize("off_bytes, verdict", [(16_000_000, REPRODUCED), (4_000_000, DIFFERS)])
+def test_wan_bytes_measured_with_a_drc_off_mode(tmp_path, off_bytes, verdict):
+    """With a cross-dc-pd mode that ran ``drc: false`` the ratio is measured: the same 20
+    requests sent 1.6 MB (emulated) each with the DRC and off_bytes without it."""
+    recs = [rec(i, 1.0, kv_wan=1_600_000, hit=HITS[i % 3]) for i in range(20)]
+    off = [rec(i, 2.0, kv_wan=off_bytes, hit=0.0) for i in range(20)]
+    write_run(tmp_path, "headline", {
+        "pdd": ("pdd", {}, [rec(i, 0.5, kv_wan=1_600_000, rld=1) for i in range(20)], 20.0),
+        "cross-dc-pd": ("cross-dc-pd", {}, recs, 20.0),
+        "base-nodrc": ("cross-dc-pd", {"drc": False}, off, 20.0)})
+    c = claim_wan_bytes(runs_of(tmp_path), None)
+    assert c.figures["drc_off_mode"] == "base-nodrc" and c.figures["same_requests"]
+    assert c.figures["wan_kv_bytes_drc_off"] == 20 * off_bytes * 10
+    assert c.figures["measured_reduction_x"] == pytest.approx(off_bytes / 1_600_000)
+    assert c.verdict == verdict
+
+
 def test_rld_share(tmp_path):
     headline(tmp_path)
     c = claim_rld_share(runs_of(tmp_path), None)

@@ -225,3 +225,48 @@ def test_a_restart_fault_kills_then_starts_the_same_instance_after_down_s():
         a.run()
     assert calls == [("kill", "main_decode", "md1"), ("restart", "main_decode", "md1")]
     assert events == ["fault_start", "fault_end"]
+
+
+def test_drc_off_gives_md_and_the_routers_mirror_no_decode_side_cache():
+    """``pdd: {drc: false}`` (claim 3's comparison): MD's DRC capacity is 0 in the config
+    the roles load, so MD reuses nothing and the router's mirror of it predicts no hit."""
+    from types import SimpleNamespace
+
+    from testbed.pdd.compute.radix import RadixCache
+    from testbed.pdd.run.config import MainConfig, parse_config
+    from testbed.scenario.roles import cluster_dict
+
+    data = changed("modes", ["cross-dc-pd", {"name": "base-nodrc", "mode": "cross-dc-pd",
+                                             "pdd": {"drc": False}}])
+    data["expectations"] = [{"name": "x", "mode": "base-nodrc", "metric": "tokens_lost",
+                             "op": "==", "value": 0}]
+    sc = parse_scenario(data, FILE)
+    net = SimpleNamespace(plan=SimpleNamespace(topology=sc.topology, scale=25))
+    mains = [parse_config(cluster_dict(net, m, {})).main for m in sc.modes]
+    assert mains[0].drc_capacity_tokens == MainConfig().drc_capacity_tokens > 0
+    assert mains[1].drc_capacity_tokens == 0
+    drc = RadixCache(16, mains[1].drc_capacity_tokens)
+    drc.insert(list(range(256)))
+    assert drc.match(list(range(256))).n_tokens == 0
+    with pytest.raises(SpecError, match="drc"):
+        parse_scenario(changed("pdd", {"drc": "off"}), FILE)
+
+
+def test_pdd_defaults_have_one_source():
+    """A scenario that sets nothing runs the roles with the role config's defaults."""
+    from types import SimpleNamespace
+
+    from testbed.pdd.run.config import ClusterConfig, parse_config
+    from testbed.scenario.roles import cluster_dict
+    from testbed.types import PDD_DEFAULTS
+
+    sc = parse_scenario(copy.deepcopy(BASE), FILE)
+    net = SimpleNamespace(plan=SimpleNamespace(topology=sc.topology, scale=25))
+    cfg = parse_config(cluster_dict(net, sc.modes[0], {}))
+    bare = ClusterConfig()
+    for c in (cfg, bare):
+        assert c.timing.token_scale == PDD_DEFAULTS.token_scale == sc.pdd.token_scale
+        assert c.router.anomalous_min_input_tokens == sc.pdd.anomalous_min_input_tokens
+        assert c.client.request_timeout_s == sc.pdd.request_timeout_s
+        assert c.relay.catchup_threshold == sc.pdd.catchup_threshold_tokens
+        assert c.router.relay_threshold_s == sc.pdd.relay_threshold_s
