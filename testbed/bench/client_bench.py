@@ -27,7 +27,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from testbed.pdd.run.config import RUN_MODEL, ClusterConfig, parse_config
+from testbed.pdd.run.config import RUN_MODEL, ClusterConfig, one_of_each, parse_config
 from testbed.pdd.roles.gateway import DEFAULT_MODEL
 from testbed.pdd.run.procs import RoleProcesses, free_port, loopback_config
 from testbed.pdd.compute.text import TOKENIZER_DIR
@@ -37,12 +37,7 @@ BENCH_CONFIG = {
     "model": dict(RUN_MODEL),
     "timing": {"time_scale": 0.5, "kv_scale_k": 10, "connect_timeout_s": 20.0},
     "client": {"request_timeout_s": 120.0, "report_grace_s": 1.0},
-    "instances": [
-        {"name": "p0", "role": "prefill", "host": "127.0.0.1", "port": 1, "dc": "A"},
-        {"name": "rld0", "role": "relay_decode", "host": "127.0.0.1", "port": 1, "dc": "A"},
-        {"name": "md0", "role": "main_decode", "host": "127.0.0.1", "port": 1, "dc": "B"},
-        {"name": "router", "role": "router", "host": "127.0.0.1", "port": 1, "dc": "A"},
-        {"name": "client", "role": "client", "host": "127.0.0.1", "dc": "A"}],
+    "instances": one_of_each(),  # ports are picked by loopback_config
 }
 
 

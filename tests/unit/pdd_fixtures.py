@@ -18,10 +18,13 @@ import random
 
 from testbed.pdd.roles.client_record import ClientRequest
 from testbed.pdd.run.cluster import start_cluster
-from testbed.pdd.run.config import ClusterConfig, parse_config
+from testbed.pdd.run.config import ClusterConfig, one_of_each, parse_config
 from testbed.pdd.wire.fake_wan import LinkShape, wan_network
 
 WAN = LinkShape(delay_s=0.05, jitter_s=0.005, rate_bytes_s=10e6)
+
+
+PORTS = {"router": 7000, "p0": 7001, "rld0": 7002, "md0": 7003}
 
 
 def small_config(mode: str = "pdd", handoff_mode: str = "catch-up", **sections) -> ClusterConfig:
@@ -37,13 +40,7 @@ def small_config(mode: str = "pdd", handoff_mode: str = "catch-up", **sections) 
         "router": {"relay_threshold_s": 0.19, "wan_prior_gbit": 0.8, "wan_rtt_s": 0.1,
                    "anomalous_min_input_tokens": 140},
         "client": {"request_timeout_s": 20.0, "report_grace_s": 1.0},
-        "instances": [
-            {"name": "p0", "role": "prefill", "host": "p0", "port": 7001, "dc": "A"},
-            {"name": "rld0", "role": "relay_decode", "host": "rld0", "port": 7002, "dc": "A"},
-            {"name": "md0", "role": "main_decode", "host": "md0", "port": 7003, "dc": "B"},
-            {"name": "router", "role": "router", "host": "router", "port": 7000, "dc": "A"},
-            {"name": "client", "role": "client", "host": "client", "dc": "A"},
-        ],
+        "instances": one_of_each(host=lambda name: name, port=PORTS.get),
     }
     for key, value in sections.items():
         obj[key] = {**obj.get(key, {}), **value}

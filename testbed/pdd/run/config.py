@@ -44,6 +44,18 @@ from testbed.types import HandoffMode, Mode, Pipeline  # noqa: F401 (Pipeline re
 # step times on 2 cores (float64: exact tokens).
 RUN_MODEL = {"n_layer": 2, "n_head": 2, "d_model": 64}
 
+# One instance of each role (P, RLD, router and client in DC A, MD in DC B), the smallest
+# whole cluster; ``one_of_each`` places them.
+ONE_OF_EACH = (("p0", "prefill", "A"), ("rld0", "relay_decode", "A"),
+               ("md0", "main_decode", "B"), ("router", "router", "A"), ("client", "client", "A"))
+
+
+def one_of_each(host: Any = lambda name: "127.0.0.1", port: Any = lambda name: 1) -> list[dict]:
+    """The ``instances`` of ONE_OF_EACH as config JSON: ``host(name)``, ``port(name)``
+    (a client gets no port)."""
+    return [{"name": n, "role": r, "host": host(n), "dc": dc,
+             **({} if r == "client" else {"port": port(n)})} for n, r, dc in ONE_OF_EACH]
+
 
 def _f(default: Any, help: str, **kw: Any) -> Any:
     if isinstance(default, (list, dict, set)):
