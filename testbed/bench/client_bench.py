@@ -27,6 +27,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from testbed.pdd.run.verify import gateway_stats
 from testbed.pdd.run.config import RUN_MODEL, ClusterConfig, one_of_each, parse_config
 from testbed.pdd.roles.gateway import DEFAULT_MODEL
 from testbed.pdd.run.procs import RoleProcesses, free_port, loopback_config
@@ -67,35 +68,6 @@ def scale_trace(src: Path, dst: Path, rows: int, divisor: int = MOONCAKE_DIVISOR
                 fout.write(json.dumps(row) + "\n")
                 n += 1
     return n
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    """Linear-interpolated percentile (numpy's default), None for no values."""
-    if not values:
-        return None
-    v = sorted(values)
-    pos = (len(v) - 1) * q / 100
-    lo = int(pos)
-    hi = min(lo + 1, len(v) - 1)
-    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
-
-
-def gateway_stats(records: list[dict], verdicts) -> dict:
-    """The figures of the module docstring from a gateway's requests.jsonl records."""
-    done = [r for r in records if r["status"] == "completed"]
-    out = {"requests": len(records), "completed": len(done),
-           "verified": sum(1 for v in verdicts if v.match),
-           "mismatched": [v.id for v in verdicts if not v.prefix_ok
-                          or (v.status == "completed" and not v.match)],
-           "pipelines": {}}
-    for r in done:
-        out["pipelines"][r["pipeline"]] = out["pipelines"].get(r["pipeline"], 0) + 1
-    for key, values in (("ttft_s", [r["ttft_s"] for r in done]),
-                        ("ttft_http_s", [r["gateway"]["ttft_http_s"] for r in done])):
-        for q in (50, 90):
-            p = percentile([x for x in values if x is not None], q)
-            out[f"{key}_p{q}"] = None if p is None else round(p, 6)
-    return out
 
 
 def run(command: list[str], out: Path, mode: str,

@@ -138,11 +138,13 @@ def run_mode(sc: Scenario, mode: ModeRun, plan_args: dict, out: Path,
     verify_mode(mode_dir)
 
 
-def verify_mode(mode_dir: Path) -> dict:
+def verify_mode(mode_dir: Path, gateway: bool = False) -> dict:
     """Every request's tokens vs a plain single-process greedy decode of its
-    prompt (after the network is down, so it does not steal the run's CPU)."""
+    prompt (after the network is down, so it does not steal the run's CPU);
+    ``gateway``: also the gateway's figures (``gateway-stats.json``, what an external
+    client's TTFT is compared with)."""
     from testbed.pdd.run.config import load_config
-    from testbed.pdd.run.verify import verify_records
+    from testbed.pdd.run.verify import gateway_stats, verify_records
 
     path = mode_dir / "requests.jsonl"
     records = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] \
@@ -152,6 +154,9 @@ def verify_mode(mode_dir: Path) -> dict:
            "mismatched": [v.id for v in verdicts if not v.prefix_ok
                           or (v.status == "completed" and not v.match)]}
     (mode_dir / "verify.json").write_text(json.dumps(out))
+    if gateway:
+        (mode_dir / "gateway-stats.json").write_text(
+            json.dumps(gateway_stats(records, verdicts), indent=1) + "\n")
     return out
 
 

@@ -7,8 +7,10 @@ in the client host, registered with the network's registry like every
 role. It writes ``serve.json`` into the output folder (URL, model, client
 host, the run's prefix) next to ``cluster.json``, the roles' logs and the
 gateway's ``requests.jsonl``, prints the URL and serves until Ctrl-C or
-SIGTERM; then it stops everything, tears the network down and checks every
-recorded request against the single-process greedy decode (``verify.json``).
+SIGTERM; then it stops everything, tears the network down, checks every
+recorded request against the single-process greedy decode (``verify.json``)
+and writes the gateway's figures (``gateway-stats.json``: TTFT p50/p90 as the
+roles and as the HTTP side saw them, to set beside an external client's).
 
 The URL is an address inside the emulated network (no host has a default
 route), so a client runs in a host: ``testbed exec HOST -- COMMAND`` finds
@@ -199,4 +201,4 @@ def serve(topo, mode, opts: ServeOptions) -> dict:
             net.registry.stop_attached()  # `testbed exec` commands: clients go first
             roles.stop()
     events.close()
-    return verify_mode(out)
+    return verify_mode(out, gateway=True)

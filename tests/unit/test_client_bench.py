@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from testbed.bench.client_bench import gateway_stats, main, percentile
+from testbed.bench.client_bench import main
+from testbed.pdd.run.verify import gateway_stats, percentile
 from testbed.pdd.run.verify import Verdict
 
 
@@ -59,3 +60,32 @@ def test_a_mooncake_slice_is_scaled_like_the_scenario(tmp_path):
     assert [r["input_length"] for r in got] == [-(-r["input_length"] // 32) for r in src]
     assert [(r["hash_ids"], r["output_length"], r["timestamp"]) for r in got] == \
         [(r["hash_ids"], r["output_length"], r["timestamp"]) for r in src]
+
+
+def test_serves_verify_step_writes_the_gateway_figures(tmp_path):
+    """What ``testbed serve`` does after teardown: verify.json and gateway-stats.json from
+    the gateway's records (one exact request, one with a wrong token)."""
+    import json
+
+    from testbed.pdd.compute.model import build_model
+    from testbed.pdd.run.config import RUN_MODEL, one_of_each, parse_config
+    from testbed.scenario.runner import verify_mode
+
+    cfg = {"model": dict(RUN_MODEL), "instances": one_of_each()}
+    (tmp_path / "cluster.json").write_text(json.dumps(cfg))
+    model = build_model(parse_config(cfg).model)
+    prompt = [5, 9, 2, 7]
+    ref = model.greedy_generate(prompt, 4)
+    bad = list(ref[:-1]) + [(ref[-1] + 1) % 50]
+
+    def record(i, ids):
+        return {"id": i, "status": "completed", "pipeline": "p-md", "prompt": prompt,
+                "max_out": 4, "tokens": [[p, t, 0.1 * p, "md"] for p, t in enumerate(ids)],
+                "ttft_s": 0.1 * (i + 1), "gateway": {"ttft_http_s": 0.1 * (i + 1) + 0.01}}
+    (tmp_path / "requests.jsonl").write_text(
+        "".join(json.dumps(record(i, ids)) + "\n" for i, ids in enumerate([ref, bad])))
+    out = verify_mode(tmp_path, gateway=True)
+    assert out == {"checked": 2, "mismatched": [1]}
+    stats = json.loads((tmp_path / "gateway-stats.json").read_text())
+    assert (stats["completed"], stats["verified"], stats["mismatched"]) == (2, 1, [1])
+    assert stats["ttft_s_p50"] == pytest.approx(0.15)

@@ -8,6 +8,11 @@ order. A request matches only if it has exactly ``max_out`` positions
 checked too (their received prefix must match; they never count as a
 match). Not in the client's hot path.
 
+``gateway_stats`` sums up a gateway's records and their verdicts (requests,
+completed, verified, pipelines, TTFT p50/p90 as the roles saw it, ``ttft_s``,
+and as the HTTP client could, ``ttft_http_s``): what an external benchmark
+client's own figures are compared with (docs/benchmark-clients.md).
+
 Example (also ``python -m testbed.pdd.run.verify requests.jsonl config.json``)::
 
     results = verify_records(records, cfg.model)
@@ -47,6 +52,36 @@ def verify_records(records: Iterable[dict], model_cfg: ModelConfig) -> list[Verd
         out.append(Verdict(rec.get("id"), rec.get("status", "?"),
                            full and not bad and rec.get("status") == "completed",
                            not bad, bad[0] if bad else None, len(got)))
+    return out
+
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Linear-interpolated percentile (numpy's default), None for no values."""
+    if not values:
+        return None
+    v = sorted(values)
+    pos = (len(v) - 1) * q / 100
+    lo = int(pos)
+    hi = min(lo + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
+
+
+def gateway_stats(records: list[dict], verdicts) -> dict:
+    """The figures of the module docstring from a gateway's requests.jsonl records."""
+    done = [r for r in records if r["status"] == "completed"]
+    out = {"requests": len(records), "completed": len(done),
+           "verified": sum(1 for v in verdicts if v.match),
+           "mismatched": [v.id for v in verdicts if not v.prefix_ok
+                          or (v.status == "completed" and not v.match)],
+           "pipelines": {}}
+    for r in done:
+        out["pipelines"][r["pipeline"]] = out["pipelines"].get(r["pipeline"], 0) + 1
+    for key, values in (("ttft_s", [r["ttft_s"] for r in done]),
+                        ("ttft_http_s", [r["gateway"]["ttft_http_s"] for r in done])):
+        for q in (50, 90):
+            p = percentile([x for x in values if x is not None], q)
+            out[f"{key}_p{q}"] = None if p is None else round(p, 6)
     return out
 
 
