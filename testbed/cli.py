@@ -114,7 +114,8 @@ def _run_options(args, out, dry_run: bool = False):
 
     return RunOptions(out, args.seed, args.scale,
                       None if args.backend == "auto" else args.backend, dry_run,
-                      args.ready_timeout_s, args.preflight_tol_ms)
+                      args.ready_timeout_s, args.preflight_tol_ms,
+                      pcap=getattr(args, "pcap", False))
 
 
 def cmd_run(args) -> int:
@@ -363,8 +364,9 @@ def _net_args(p, topology: bool = True) -> None:
     p.add_argument("--scale", type=float, default=None, help="bandwidth scale k (default: auto)")
 
 
-def _run_args(p) -> None:
-    """The options ``run`` and ``suite`` pass to every scenario (RunOptions)."""
+def _run_args(p, pcap_default: bool = False) -> None:
+    """The options ``run`` and ``suite`` pass to every scenario (RunOptions); ``reproduce``
+    captures the WAN by default (``--no-pcap``)."""
     p.add_argument("--seed", type=int)
     p.add_argument("--scale", type=float, help="bandwidth scale k (default: scenario or auto)")
     p.add_argument("--backend", choices=("auto", "netem", "userspace"), default="auto")
@@ -372,6 +374,12 @@ def _run_args(p) -> None:
                    help="how long each role may take to start (a qemu guest: 900)")
     p.add_argument("--preflight-tol-ms", type=float, default=3.0,
                    help="WAN RTT tolerance of the preflight ping (a qemu guest: 10)")
+    what = ("a bounded capture of the WAN per mode (MODE/wan.pcap, 128-byte snap, at most "
+            "200k packets), analysed in the report (MODE/pcap.json)")
+    if pcap_default:
+        p.add_argument("--no-pcap", dest="pcap", action="store_false", help="do not keep " + what)
+    else:
+        p.add_argument("--pcap", action="store_true", help="keep " + what)
 
 
 def _modes():
@@ -432,7 +440,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--from-runs", metavar="DIR", help="build the table from DIR's run "
                    "directories (DIR/SLOT, DIR/handoff-bench.json); run nothing")
     p.add_argument("--capacity", metavar="YAML", help="claim 7's prices/chips (testbed capacity)")
-    _run_args(p)
+    _run_args(p, pcap_default=True)
     p.set_defaults(func=cmd_reproduce)
     p = sub.add_parser("capacity", help="capacity plan: PDD vs same-DC PD fleets, cost, BCR "
                        "(cost model; prices and chips from an optional YAML)")

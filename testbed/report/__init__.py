@@ -75,6 +75,30 @@ def build_report(run_dir: Path | str) -> dict:
     run = load_run(run_dir)
     summary = summarize(run)
     plots = draw_plots(run)
+    captures = analyse_captures(run)
     (run.path / "summary.json").write_text(summary_json(summary))
-    (run.path / "report.md").write_text(render(run, summary, plots))
+    (run.path / "report.md").write_text(render(run, summary, plots, captures))
     return summary
+
+
+def analyse_captures(run: RunData) -> dict[str, dict]:
+    """Each mode's ``MODE/wan.pcap`` (``--pcap``) analysed into ``MODE/pcap.json``:
+    {mode: figures}; modes without a capture are left out."""
+    import json
+
+    from testbed.report.metrics import emulated_bytes, link_bytes
+    from testbed.report.pcap import mode_capture_report
+
+    topo = run.metadata.get("topology") or {}
+    subnets = {d["name"]: d["subnet"] for d in topo.get("datacenters") or ()
+               if d.get("subnet")}
+    out = {}
+    for m in run.modes:
+        path = run.path / m.name / "wan.pcap"
+        if not path.is_file() or len(subnets) < 2:
+            continue
+        roles = emulated_bytes(m.requests)["wan_bytes"]
+        link = link_bytes(m.links, "wan").get("a>b")
+        out[m.name] = mode_capture_report(path, subnets, roles, link)
+        (run.path / m.name / "pcap.json").write_text(json.dumps(out[m.name], indent=1) + "\n")
+    return out

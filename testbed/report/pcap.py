@@ -23,11 +23,11 @@ packets and retransmissions; and cross traffic's share of all bytes
 (flows with a port in ``cross_ports``; the testbed's iperf3 cross flows
 use ports from 5300, testbed/net/crosstraffic.py).
 
-Intended hook (not wired in; it belongs to the runner): the runner starts
-``tcpdump -i WAN_IF -s 128 -C 50 -W 4 -w MODE/wan.pcap`` in the WAN node at
-``network_up`` (snap length and size capped, a ring of 4 x 50 MB) and stops
-it at ``network_down``; the report then calls ``analyse_pcap`` and
-``crosscheck`` with the roles' bytes (requests.jsonl) and links.csv's.
+The capture comes from ``--pcap`` (testbed/scenario/capture.py: tcpdump on
+the WAN channel's device, 128-byte snap, at most 200k packets);
+``mode_capture_report`` turns one mode's file into MODE/pcap.json and the
+report's "WAN packets" table, the roles' bytes, the link counter and the
+packets side by side.
 
 Example::
 
@@ -214,3 +214,42 @@ def crosscheck(roles_bytes: int, link_bytes: int, packet_bytes: int) -> dict:
 
     return {"roles_bytes": roles_bytes, "link_bytes": link_bytes, "packet_bytes": packet_bytes,
             "roles_over_packets": ratio(roles_bytes), "link_over_packets": ratio(link_bytes)}
+
+
+def _dc_of(addr: str, subnets: Mapping[str, str]) -> str | None:
+    import ipaddress
+
+    ip = ipaddress.ip_address(addr)
+    return next((dc for dc, net in subnets.items() if ip in ipaddress.ip_network(net)), None)
+
+
+def mode_capture_report(pcap_path: str | Path, subnets: Mapping[str, str], roles_a_to_b: int,
+                        link_a_to_b: int | None) -> dict:
+    """One mode's capture (``MODE/wan.pcap``) as plain data for ``MODE/pcap.json`` and the
+    report: packets, bytes, cross traffic's share, retransmissions, RTT samples, the PDD
+    frames seen, and the three byte counts of the a>b direction side by side
+    (``crosscheck``: the roles' kv_wan + handoff bytes against the PDD flows' packets, the
+    shaper's counter against all a>b packets). ``subnets``: datacenter name -> subnet, the
+    first datacenter being side a. Emulated bytes throughout."""
+    import statistics
+
+    a = analyse_pcap(pcap_path)
+    dcs = list(subnets)
+    ab = {"pdd": 0, "all": 0}
+    for (src, _, dst, _, _), f in a.flows.items():
+        if _dc_of(src, subnets) == dcs[0] and _dc_of(dst, subnets) == dcs[-1]:
+            ab["all"] += f.bytes
+            ab["pdd"] += 0 if f.cross else f.bytes
+    rtts = a.rtt_samples_ms()
+    check = crosscheck(roles_a_to_b, link_a_to_b or 0, ab["pdd"])
+    check["link_over_all_packets"] = (link_a_to_b / ab["all"] if ab["all"] and link_a_to_b
+                                      is not None else None)
+    check["all_packet_bytes"] = ab["all"]
+    return {"packets": sum(f.packets for f in a.flows.values()), "bytes": a.total_bytes,
+            "cross_share": a.cross_share, "retransmits": a.retransmits,
+            "rtt_ms_p50": statistics.median(rtts) if rtts else None, "rtt_samples": len(rtts),
+            "frames": {k: len(v) for k, v in sorted(a.frames.items())},
+            "handoff_frames": len(a.handoff_tokens),
+            "handoff_tokens_per_frame_max": max(a.handoff_tokens, default=None),
+            "handoff_frames_with_filler": a.handoff_with_filler,
+            "a_to_b": check}

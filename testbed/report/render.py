@@ -211,7 +211,30 @@ def _plots(plots: Sequence[Plot]) -> list[str]:
     return out + [""]
 
 
-def render(run: RunData, summary: dict, plots: Sequence[Plot]) -> str:
+def _captures(captures: dict[str, dict]) -> list[str]:
+    if not captures:
+        return []
+    out = ["## WAN packets (bounded capture, `MODE/wan.pcap`)", "",
+           "Emulated bytes, a>b (DC A -> DC B). *roles*: what requests.jsonl says the roles "
+           "sent (KV + handoff); *PDD packets*: the capture's non-cross flows; *link*: the "
+           "shaper's counter (links.csv, cross traffic included) against all a>b packets.", "",
+           "| mode | packets | roles / PDD packets | link / all packets | cross share | "
+           "retransmits | RTT p50 ms | HANDOFF frames (with filler) |",
+           "|---|---|---|---|---|---|---|---|"]
+
+    def f(x, fmt="{:.3f}"):
+        return "-" if x is None else fmt.format(x)
+    for mode, c in captures.items():
+        ab = c["a_to_b"]
+        out.append(f"| {mode} | {c['packets']} | {f(ab['roles_over_packets'])} | "
+                   f"{f(ab['link_over_all_packets'])} | {f(c['cross_share'])} | "
+                   f"{c['retransmits']} | {f(c['rtt_ms_p50'], '{:.1f}')} | "
+                   f"{c['handoff_frames']} ({c['handoff_frames_with_filler']}) |")
+    return out + [""]
+
+
+def render(run: RunData, summary: dict, plots: Sequence[Plot],
+           captures: dict[str, dict] | None = None) -> str:
     """The whole report.md text."""
     failed = [e["name"] for e in summary["expectations"] if not e["passed"]]
     verdict = "PASSED" if summary["passed"] else "FAILED"
@@ -220,5 +243,6 @@ def render(run: RunData, summary: dict, plots: Sequence[Plot]) -> str:
             f"**Result: {verdict}**{why}. Baseline for comparisons: "
             f"`{baseline_of(run)}`. Machine-readable figures: [summary.json](summary.json).", ""]
     lines = (head + _what_ran(run) + _metrics_table(run, summary) + _comparisons(summary)
-             + _expectations(summary) + _versus_paper(run, summary) + _plots(plots))
+             + _expectations(summary) + _versus_paper(run, summary) + _captures(captures or {})
+             + _plots(plots))
     return "\n".join(lines).rstrip() + "\n"

@@ -47,6 +47,7 @@ class RunOptions:
     dry_run: bool = False
     ready_timeout_s: float = 60.0  # per role start; a software-emulated guest needs minutes
     preflight_tol_ms: float = PREFLIGHT_RTT_TOL_MS  # a qemu guest adds ~5 ms per round trip
+    pcap: bool = False  # keep a bounded WAN capture per mode, MODE/wan.pcap (capture.py)
 
 
 def run_timeline(actions: list[Action], t0: float, until, tick) -> None:
@@ -98,7 +99,10 @@ def preflight(net, tol_ms: float = PREFLIGHT_RTT_TOL_MS) -> dict:
 
 
 def run_mode(sc: Scenario, mode: ModeRun, plan_args: dict, out: Path,
-             ready_timeout_s: float, preflight_tol_ms: float) -> None:
+             ready_timeout_s: float, preflight_tol_ms: float, pcap: bool = False) -> None:
+    from contextlib import nullcontext
+
+    from testbed.scenario.capture import WanCapture
     from testbed.scenario.roles import start_roles
     from testbed.workload import build_workload
 
@@ -111,7 +115,9 @@ def run_mode(sc: Scenario, mode: ModeRun, plan_args: dict, out: Path,
         preflight(net, preflight_tol_ms)
         sampler = LinkSampler(net, mode_dir / "links.csv")
         roles = None
+        capture = WanCapture(net, mode_dir / "wan.pcap") if pcap else nullcontext()
         try:
+            capture.__enter__()
             roles = start_roles(net, sc, mode, workload, mode_dir, ready_timeout_s)
             actions = [a for fault in sc.faults for a in actions_for(fault, net, roles)]
             status = Status(mode.value, workload, roles, sampler, sc.faults)
@@ -131,6 +137,7 @@ def run_mode(sc: Scenario, mode: ModeRun, plan_args: dict, out: Path,
                           timed_out=not roles.client_done())
             status.finish()
         finally:
+            capture.__exit__(None, None, None)
             sampler.close()
             if roles is not None:
                 roles.stop()
@@ -179,5 +186,6 @@ def run_scenario(sc: Scenario, opts: RunOptions) -> dict:
           f"{', '.join(m.value for m in sc.modes)}; backend {backend.value}, k={scale:g}; "
           f"out {opts.out_dir}", file=sys.stderr)
     for mode in sc.modes:
-        run_mode(sc, mode, plan_args, opts.out_dir, opts.ready_timeout_s, opts.preflight_tol_ms)
+        run_mode(sc, mode, plan_args, opts.out_dir, opts.ready_timeout_s, opts.preflight_tol_ms,
+                 opts.pcap)
     return build_report(opts.out_dir)

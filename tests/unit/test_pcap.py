@@ -140,3 +140,22 @@ def test_unreadable_capture(tmp_path):
     bad.write_bytes(b"not a pcap at all")
     with pytest.raises(PcapError, match="cannot read"):
         analyse_pcap(bad)
+
+
+def test_a_modes_capture_report_sets_the_three_byte_counts_side_by_side(capture):
+    """P (10.0.1.0/24, side a) -> MD (10.0.2.0/24): the roles' bytes against the PDD
+    flows' packets, the link counter against every a>b packet (cross traffic too)."""
+    from testbed.report.pcap import mode_capture_report
+
+    path, wire, _, _ = capture
+    subnets = {"a": "10.0.1.0/24", "b": "10.0.2.0/24"}
+    c = mode_capture_report(path, subnets, roles_a_to_b=wire["p>md"] // 2,
+                            link_a_to_b=wire["p>md"] + wire["cross"])
+    ab = c["a_to_b"]
+    assert ab["packet_bytes"] == wire["p>md"] and ab["all_packet_bytes"] == wire["p>md"] + \
+        wire["cross"]
+    assert ab["roles_over_packets"] == pytest.approx(0.5, abs=1e-3)
+    assert ab["link_over_all_packets"] == pytest.approx(1.0)
+    assert c["handoff_frames"] == 4 and c["handoff_frames_with_filler"] == 0
+    assert c["retransmits"] == 1 and c["rtt_samples"] >= 2
+    assert c["packets"] == 5 + 4 + 3  # P->MD, MD->P, cross
