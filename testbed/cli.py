@@ -204,15 +204,17 @@ def cmd_reproduce(args) -> int:
 
         opts = _run_options(args, Path(args.out))
 
-        def run_fn(scenario: Path, out: Path) -> None:
-            run_scenario(load_scenario(scenario), replace(opts, out_dir=out))
+        def run_fn(scenario: Path, out: Path, scale: float | None = None) -> None:
+            run_scenario(load_scenario(scenario),
+                         replace(opts, out_dir=out, scale=opts.scale if scale is None else scale))
 
         def bench_fn(trials: int) -> dict:
             return run_handoff_bench(load_topology(DEFAULT_TOPOLOGY), _backend(args.backend),
                                      args.scale, trials)
     doc = reproduce(Path(args.out), args.quick, run_fn, bench_fn,
                     Path(args.from_runs) if args.from_runs else None,
-                    load_capacity_config(args.capacity), " ".join(["testbed"] + sys.argv[1:]))
+                    load_capacity_config(args.capacity), " ".join(["testbed"] + sys.argv[1:]),
+                    scale_sweep=args.scale_sweep)
     print(format_summary(doc))
     print(f"table: {Path(args.out) / 'reproduction.md'}")
     return 1 if any(r.get("error") for r in (doc.get("runs") or {}).values()) else 0
@@ -440,6 +442,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--from-runs", metavar="DIR", help="build the table from DIR's run "
                    "directories (DIR/SLOT, DIR/handoff-bench.json); run nothing")
     p.add_argument("--capacity", metavar="YAML", help="claim 7's prices/chips (testbed capacity)")
+    p.add_argument("--scale-sweep", action="store_true", help="also run the headline comparison "
+                   "at k = 10, 25, 50, 100 and two token_scale values (scale invariance table)")
     _run_args(p, pcap_default=True)
     p.set_defaults(func=cmd_reproduce)
     p = sub.add_parser("capacity", help="capacity plan: PDD vs same-DC PD fleets, cost, BCR "

@@ -42,6 +42,8 @@ from testbed.report.claims_load import (bathtub_points, claim_bathtub, claim_bcr
                                         claim_goodput, claim_handoff_modes, claim_p_rld,
                                         _load_points)
 from testbed.report.rundir import RunData, load_run
+from testbed.report.scale_sweep import (SWEEP_KS, SWEEP_SCENARIO, render_scale, scale_table,
+                                        slot_name)
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH_FILE = "handoff-bench.json"
@@ -53,6 +55,7 @@ class Slot:
     name: str
     scenario: str  # relative to the repository root
     claims: str    # which claims use it (for the reader)
+    scale: float | None = None  # bandwidth scale k for this run (None: the run's own)
 
 
 FULL = (
@@ -72,12 +75,15 @@ QUICK = (
     Slot("handoff", "scenarios/paper/quick-handoff.yaml", "11"),
 )
 BENCH_TRIALS = {"full": 30, "quick": 10}
+# --scale-sweep: the headline comparison at every k of SWEEP_KS (scale_sweep.py)
+SWEEP = tuple(Slot(slot_name(k), SWEEP_SCENARIO, "scale invariance", float(k))
+              for k in SWEEP_KS)
 
 CLAIMS = (claim_ttft, claim_baseline_tail, claim_wan_bytes, claim_rld_share, claim_handoff_bench,
           claim_goodput, claim_bcr, claim_p_rld, claim_bathtub, claim_filter,
           claim_handoff_modes)
 
-RunFn = Callable[[Path, Path], None]      # (scenario file, run directory)
+RunFn = Callable[[Path, Path, "float | None"], None]  # (scenario file, run directory, k)
 BenchFn = Callable[[int], dict]           # trials -> bench JSON
 
 
@@ -91,9 +97,10 @@ def run_slots(slots: tuple[Slot, ...], out: Path, run_fn: RunFn,
     log: dict = {}
     for slot in slots:
         t0 = time.monotonic()
-        entry = {"scenario": slot.scenario, "claims": slot.claims, "error": None}
+        entry = {"scenario": slot.scenario, "claims": slot.claims, "error": None,
+                 "scale": slot.scale}
         try:
-            run_fn(REPO / slot.scenario, out / slot.name)
+            run_fn(REPO / slot.scenario, out / slot.name, slot.scale)
         except TestbedError as e:
             entry["error"] = f"{type(e).__name__}: {e}"
         entry["wall_s"] = round(time.monotonic() - t0, 1)
@@ -141,7 +148,9 @@ def build_table(run_dir: Path, capacity: CapacityConfig | None = None) -> dict:
     counts: dict[str, int] = {}
     for c in claims:
         counts[c["verdict"]] = counts.get(c["verdict"], 0) + 1
+    rows, spread = scale_table(runs)
     return {"run_dir": str(run_dir), "slots": sorted(runs), "unreadable": problems,
+            "scale_invariance": {"rows": rows, "spread": spread},
             "bench": bench is not None, "counts": counts, "claims": claims,
             "bathtub": [list(p) for p in bathtub_points(runs)[0]],
             "goodput_load": {slot: _load_points(run) for slot, run in runs.items()
@@ -198,7 +207,10 @@ def render_md(table: dict, meta: Mapping) -> str:
     if table["unreadable"]:
         lines += ["Unreadable run directories: " + "; ".join(
             f"{k}: {v}" for k, v in table["unreadable"].items()), ""]
-    lines += ["Plots: bathtub.png (claim 9), goodput_load.png (claim 6).", ""]
+    scale = table.get("scale_invariance") or {}
+    lines += render_scale(scale.get("rows") or [], scale.get("spread") or {})
+    lines += ["Plots: bathtub.png (claim 9), goodput_load.png (claim 6)"
+              + (", scale.png (scale invariance)" if scale.get("rows") else "") + ".", ""]
     return "\n".join(lines)
 
 
@@ -238,11 +250,30 @@ def write_outputs(out: Path, table: dict, meta: Mapping | None = None) -> None:
     (out / MD_FILE).write_text(render_md(table, meta))
     plot_bathtub(table["bathtub"], out / "bathtub.png")
     plot_goodput(table["goodput_load"], out / "goodput_load.png")
+    rows = (table.get("scale_invariance") or {}).get("rows") or []
+    if rows:
+        plot_scale(rows, out / "scale.png")
+
+
+def plot_scale(rows: list, path: Path) -> None:
+    fig = Figure(figsize=(6, 3.5))
+    ax = fig.add_subplot()
+    for ts in sorted({r["token_scale"] for r in rows}):
+        pts = sorted((r["k"], r["ttft_p90_change_pct"]) for r in rows
+                     if r["token_scale"] == ts and r["ttft_p90_change_pct"] is not None)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=f"token_scale {ts}")
+    ax.set_xscale("log")
+    ax.set_xlabel("bandwidth scale k")
+    ax.set_ylabel("TTFT p90 change, pdd vs cross-dc-pd (%)")
+    ax.set_title("scale invariance of claim 1")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 def reproduce(out: Path, quick: bool, run_fn: RunFn | None, bench_fn: BenchFn | None,
               from_runs: Path | None = None, capacity: CapacityConfig | None = None,
-              command: str = "testbed reproduce") -> dict:
+              command: str = "testbed reproduce", scale_sweep: bool = False) -> dict:
     """Run (unless from_runs) and write the table into out; return it."""
     started, t0 = time.strftime("%Y-%m-%dT%H:%M:%S%z"), time.monotonic()
     meta: dict = {"command": command, "quick": quick, "started_wall": started,
@@ -252,8 +283,9 @@ def reproduce(out: Path, quick: bool, run_fn: RunFn | None, bench_fn: BenchFn | 
             raise TestbedError("reproduce: nothing to run with and no --from-runs")
         kind = "quick" if quick else "full"
         try:
-            meta["runs"] = run_slots(QUICK if quick else FULL, out, run_fn, bench_fn,
-                                     BENCH_TRIALS[kind])
+            meta["runs"] = run_slots((QUICK if quick else FULL) + (SWEEP if scale_sweep
+                                                                    else ()),
+                                     out, run_fn, bench_fn, BENCH_TRIALS[kind])
         except KeyboardInterrupt:  # keep what finished: the table of the runs so far
             meta["interrupted"] = True
             meta["wall_s"] = round(time.monotonic() - t0, 1)

@@ -314,7 +314,7 @@ def test_cli_from_runs_writes_the_table(tmp_path, capsys):
 def test_run_slots_records_a_failed_run_and_goes_on(tmp_path):
     ran = []
 
-    def run_fn(scenario: Path, out: Path) -> None:
+    def run_fn(scenario: Path, out: Path, scale=None) -> None:
         ran.append(out.name)
         if out.name == "odd-traffic":
             raise EmulationError("WAN did not come up")
@@ -327,7 +327,7 @@ def test_run_slots_records_a_failed_run_and_goes_on(tmp_path):
 
 
 def test_an_interrupted_reproduction_keeps_the_table_of_what_finished(tmp_path):
-    def run_fn(scenario: Path, out: Path) -> None:
+    def run_fn(scenario: Path, out: Path, scale=None) -> None:
         if out.name != "headline":
             raise KeyboardInterrupt
         headline(out.parent, prld_e2e_extra=0.2)
@@ -348,3 +348,51 @@ def test_reproduce_needs_a_runner_or_runs(tmp_path):
 def test_every_slot_scenario_is_valid(slot):
     sc = load_scenario(REPO / slot.scenario)
     assert sc.modes
+
+
+def sweep_run(root: Path, k: float, base_p90: float, kv_wan: int) -> None:
+    """scale-kK: pdd TTFT 0.5 s, the baseline's base_p90 s; kv_wan emulated bytes each."""
+    def recs(ttft):
+        return [rec(i, ttft, kv_wan=kv_wan) for i in range(10)]
+    write_run(root, f"scale-k{k:g}", {
+        "pdd": ("pdd", {}, recs(0.5), 10.0),
+        "cross-dc-pd": ("cross-dc-pd", {}, recs(base_p90), 10.0),
+        "pdd-ts16": ("pdd", {"token_scale": 16}, recs(0.5), 10.0),
+        "base-ts16": ("cross-dc-pd", {"token_scale": 16}, recs(base_p90), 10.0)}, scale=k)
+
+
+def test_scale_table_spreads_and_invariance(tmp_path):
+    from testbed.report.scale_sweep import INVARIANT_PCT, render_scale, scale_table
+
+    # the same nominal bytes at both k (emulated bytes x k), the same TTFT change
+    sweep_run(tmp_path / "same", 25.0, 1.0, 4_000_000)
+    sweep_run(tmp_path / "same", 50.0, 1.0, 2_000_000)
+    rows, spread = scale_table(runs_of(tmp_path / "same"))
+    assert [(r["k"], r["token_scale"]) for r in rows] == [(25, 32), (25, 16), (50, 32),
+                                                          (50, 16)]
+    assert rows[0]["ttft_p90_change_pct"] == pytest.approx(-50.0)
+    assert rows[0]["base_wan_bytes"] == rows[2]["base_wan_bytes"] == 10 * 4_000_000 * 25
+    assert spread["ttft_p90_change_pct"] == pytest.approx(0.0)
+    assert spread["base_wan_bytes"] == pytest.approx(0.0) and spread["invariant"]
+    # the baseline's tail shrinks at k=50 (-50% -> -20%) and the bytes differ by 2x
+    sweep_run(tmp_path / "moves", 25.0, 1.0, 4_000_000)
+    sweep_run(tmp_path / "moves", 50.0, 0.625, 4_000_000)
+    rows, spread = scale_table(runs_of(tmp_path / "moves"))
+    assert spread["ttft_p90_change_pct"] == pytest.approx(30.0)
+    assert spread["base_wan_bytes"] == pytest.approx(100 * (2 - 1) / 1.5)
+    assert spread["invariant"] is False and 30.0 > INVARIANT_PCT
+    md = "\n".join(render_scale(rows, spread))
+    assert md.count("\n| 25 |") + md.count("\n| 50 |") == 4 and "False" in md
+
+
+def test_the_sweep_runs_each_slot_at_its_k(tmp_path):
+    from testbed.report.reproduce import SWEEP
+
+    seen = []
+
+    def run_fn(scenario: Path, out: Path, scale=None) -> None:
+        seen.append((out.name, scale, scenario.name))
+
+    run_slots(SWEEP, tmp_path, run_fn, None, 0)
+    assert seen == [(f"scale-k{k}", float(k), "scale-sweep.yaml") for k in (10, 25, 50, 100)]
+    assert load_scenario(REPO / SWEEP[0].scenario).name == "scale-sweep"
