@@ -245,3 +245,23 @@ def test_a_short_transfer_waits_a_chunk_of_each_transfer_ahead():
     assert got == pytest.approx((5 * 64 + 16) * tok / rate)
     fluid = model().predict(0.0, 16 * tok, 0.0)
     assert fluid.wan_s < got / 3
+
+
+def test_a_congested_spells_errors_stop_counting_after_the_window():
+    """Errors of transfers whose KV reached MD more than margin_window_s ago do not set the
+    margin: after a fault the router trusts its (accurate again) predictions, instead of
+    relaying short transfers until 30 new samples have replaced the old ones."""
+    wan = model(margin_quantile=0.9, margin_window_s=10.0)
+    pred = wan.predict(0.0, 10e6, 0.0)
+    for rid in range(1, 11):  # a congested spell: every transfer 1.5 s late, done by t=21
+        wan.watch(rid, 0.0, 10e6, pred)
+        finish(wan, rid, pred, 2.0 * rid, pred.wan_s + 1.5)
+    assert wan.margin_s(now_s=22.0) == pytest.approx(1.5)
+    for rid in range(11, 14):  # after it: three accurate transfers
+        wan.watch(rid, 0.0, 10e6, pred)
+        finish(wan, rid, pred, 20.0 + rid, pred.wan_s)
+    # 10 late and 3 accurate in the deque: the old rule (every kept error) still says 1.5
+    assert wan.margin_s() == pytest.approx(1.5)
+    # at t=40 only the accurate three (KV done at t >= 30) are in the window
+    assert wan.margin_s(now_s=40.0) == pytest.approx(0.0, abs=1e-9)
+    assert wan.margin_s(now_s=60.0) == 0.0  # nothing recent: no margin

@@ -99,6 +99,7 @@ class RouterNode(RoleServer):
                             window_rtts=rc.wan_window_rtts, rtt_window_s=rc.rtt_window_s,
                             margin_band_s=2 * rc.relay_threshold_s,
                             margin_quantile=rc.relay_margin_quantile,
+                            margin_window_s=rc.relay_margin_window_s,
                             quantum_bytes=cfg.prefill.kv_chunk_tokens * cfg.timing.token_scale
                             * cfg.timing.kv_bytes_per_token)
         self.local = LocalPathModel(rc.local_gbit)
@@ -244,7 +245,7 @@ class RouterNode(RoleServer):
                                      min(n, cfg.prefill.kv_chunk_tokens) * kv_token_bytes)
         step = timing.cost(Role.RELAY_DECODE).decode_step_s(active + 1, (active + 1) * n)
         rld_decode_s = req.max_output_tokens * step * timing.time_scale
-        margin = self.wan.margin_s()
+        margin = self.wan.margin_s(now)
         d = choose_pipeline(cfg.mode, cfg.router, timing,
                             RouteInputs(n, req.max_output_tokens, pred.wan_s, rld_decode_s, room,
                                         warmup=bool(req.metadata.get("warmup")),

@@ -49,14 +49,20 @@ Inputs (all in nominal units: wire bytes x k):
   (the router passes 2 x its relay threshold: the transfers whose route a
   wrong prediction can flip) gives ``actual - predicted`` (overhead
   included); ``margin_s`` is the ``margin_quantile`` of the last
-  ``margin_samples`` of them, clamped to >= 0. The router decides
+  ``margin_samples`` of them that are at most ``margin_window_s`` old (an
+  error's time is its KV_DONE), clamped to >= 0. The router decides
   "short enough for p-md" on ``wan_s + margin_s``, a pessimistic
   prediction: a request routed p-md that waits longer than predicted
   (behind an in-flight prefix, a prefill backlog, or a capacity estimate
   that lags a dip) waits on the WAN with nothing to hide it, while one
   relayed needlessly only costs RLD a few tokens. (Measured before the
   margin: near-threshold p-md requests predicted 0.10, 0.45 and 0.47 s
-  took 0.65, 0.56 and 1.77 s and set the TTFT tail.)
+  took 0.65, 0.56 and 1.77 s and set the TTFT tail.) The window makes the
+  margin a property of the WAN's recent past, not of the whole run:
+  without it, the errors of a congested spell kept the margin near 1.8 s
+  for some 30 requests after the cross traffic stopped (each new sample
+  replaces one of the last 30), so the router relayed 0.1 s transfers and
+  RLD decoded their tokens (scenarios/congestion.yaml, session 7).
 
 Prediction (``predict``): P interleaves the KV chunks of concurrent
 transfers on its one connection to MD, one chunk each in turn, so
@@ -131,7 +137,7 @@ class WanModel:
                  window_rtts: float = 5.0, rtt_window_s: float = 2.0,
                  overhead_samples: int = 15, margin_band_s: float = 1.0,
                  margin_quantile: float = 0.9, margin_samples: int = 30,
-                 quantum_bytes: float = 0.0):
+                 margin_window_s: float = 10.0, quantum_bytes: float = 0.0):
         if line_gbit <= 0 or prior_rtt_s < 0:
             raise ValueError(f"line rate must be > 0 and RTT >= 0, got {line_gbit}, "
                              f"{prior_rtt_s}")
@@ -145,7 +151,8 @@ class WanModel:
         if not 0.0 <= margin_quantile <= 1.0:
             raise ValueError(f"margin quantile must be in [0, 1], got {margin_quantile}")
         self.margin_band_s, self.margin_quantile = margin_band_s, margin_quantile
-        self._errors: deque[float] = deque(maxlen=margin_samples)
+        self.margin_window_s = margin_window_s
+        self._errors: deque[tuple[float, float]] = deque(maxlen=margin_samples)  # (t, error)
         self.n_errors = 0
         self._gbit = line_gbit
         self._rtt = prior_rtt_s
@@ -214,19 +221,23 @@ class WanModel:
         if latency:
             self.add_residual(actual - (pred.wan_s - pred.overhead_s))
         if pred.wan_s < self.margin_band_s:
-            self.add_error(actual - pred.wan_s)
+            self.add_error(actual - pred.wan_s, end)
 
-    def add_error(self, error_s: float) -> None:
-        """actual - predicted WAN time (overhead included) of a near-threshold transfer."""
-        self._errors.append(error_s)
+    def add_error(self, error_s: float, t_s: float = 0.0) -> None:
+        """actual - predicted WAN time (overhead included) of a near-threshold transfer whose
+        KV was complete at MD at ``t_s``."""
+        self._errors.append((t_s, error_s))
         self.n_errors += 1
 
-    def margin_s(self) -> float:
-        """The ``margin_quantile`` of recent errors (>= 0): what a pessimistic prediction
-        adds; 0 before the first error or with quantile 0."""
-        if not self._errors or self.margin_quantile == 0:
+    def margin_s(self, now_s: float | None = None) -> float:
+        """The ``margin_quantile`` of the errors of the last ``margin_window_s`` before
+        ``now_s`` (None: every kept error), >= 0: what a pessimistic prediction adds; 0
+        without such an error or with quantile 0."""
+        recent = [e for t, e in self._errors
+                  if now_s is None or t >= now_s - self.margin_window_s]
+        if not recent or self.margin_quantile == 0:
             return 0.0
-        errors = sorted(self._errors)
+        errors = sorted(recent)
         index = min(len(errors) - 1, int(self.margin_quantile * len(errors)))
         return max(0.0, errors[index])
 

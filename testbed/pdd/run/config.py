@@ -139,6 +139,9 @@ class RouterConfig:
                                       "this quantile of recent near-threshold prediction "
                                       "errors (actual - predicted); 0: the prediction alone",
                                       lo=0.0, hi=1.0)
+    relay_margin_window_s: float = _f(10.0, "pdd: the margin's errors are those of transfers "
+                                      "whose KV reached MD at most this long ago (a fault's "
+                                      "errors stop counting this long after it)", lo=0.1)
     rld_max_active: int = _f(0, "pdd: RLD takes at most this many requests; 0: only the "
                              "cost model's budget (batch and KV memory)", lo=0)
     rld_step_budget_ms: float = _f(50.0, "RLD's batch is capped where its modeled decode step "
