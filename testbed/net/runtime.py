@@ -225,8 +225,3 @@ def channel_counter(net, cid: str) -> dict:
     ch = net.channels[cid]
     return tc.class_stats(net.ipr(ch.node), net.ifindex(ch.node, ch.dev))
 
-
-def channel_counters(net) -> dict[str, dict]:
-    """Bytes/packets/drops sent so far on every channel (htb class stats)."""
-    return {cid: tc.class_stats(net.ipr(ch.node), net.ifindex(ch.node, ch.dev))
-            for cid, ch in net.channels.items()}
