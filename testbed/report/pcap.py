@@ -226,7 +226,8 @@ def _dc_of(addr: str, subnets: Mapping[str, str]) -> str | None:
 def mode_capture_report(pcap_path: str | Path, subnets: Mapping[str, str], roles_a_to_b: int,
                         link_a_to_b: int | None) -> dict:
     """One mode's capture (``MODE/wan.pcap``) as plain data for ``MODE/pcap.json`` and the
-    report: packets, bytes, cross traffic's share, retransmissions, RTT samples, the PDD
+    report: packets, bytes, cross traffic's share, retransmissions, RTT samples of the a>b
+    data (the capture is at side a's end of the WAN), the PDD
     frames seen, and the three byte counts of the a>b direction side by side
     (``crosscheck``: the roles' kv_wan + handoff bytes against the PDD flows' packets, the
     shaper's counter against all a>b packets). ``subnets``: datacenter name -> subnet, the
@@ -240,7 +241,10 @@ def mode_capture_report(pcap_path: str | Path, subnets: Mapping[str, str], roles
         if _dc_of(src, subnets) == dcs[0] and _dc_of(dst, subnets) == dcs[-1]:
             ab["all"] += f.bytes
             ab["pdd"] += 0 if f.cross else f.bytes
-    rtts = a.rtt_samples_ms()
+    # RTT from a>b data only: the capture sits at side a's end of the WAN, where a>b data
+    # waits the whole round trip for its ACK and b>a data is ACKed at once
+    rtts = [x for (src, _, dst, _, _), f in a.flows.items() for x in f.rtt_ms
+            if _dc_of(src, subnets) == dcs[0] and _dc_of(dst, subnets) == dcs[-1]]
     check = crosscheck(roles_a_to_b, link_a_to_b or 0, ab["pdd"])
     check["link_over_all_packets"] = (link_a_to_b / ab["all"] if ab["all"] and link_a_to_b
                                       is not None else None)
