@@ -36,7 +36,7 @@ from testbed.pdd.compute.text import TOKENIZER_DIR
 # the model and pacing of a scenario (testbed/scenario/roles.py), on loopback
 BENCH_CONFIG = {
     "model": dict(RUN_MODEL),
-    "timing": {"time_scale": 0.5, "kv_scale_k": 10, "connect_timeout_s": 20.0},
+    "timing": {"time_scale": 0.5, "kv_scale_k": 10, "token_scale": 1, "connect_timeout_s": 20.0},
     "client": {"request_timeout_s": 120.0, "report_grace_s": 1.0},
     "instances": one_of_each(),  # ports are picked by loopback_config
 }

@@ -18,7 +18,7 @@ from testbed.pdd.wire.fields import Role
 GOOD = {
     "mode": "pdd",
     "model": {"d_model": 64, "n_layer": 2, "n_head": 2},
-    "timing": {"time_scale": 0.5, "kv_scale_k": 10},
+    "timing": {"time_scale": 0.5, "kv_scale_k": 10, "token_scale": 1},
     "relay": {"handoff_mode": "one-shot", "catchup_threshold": 32},
     "instances": [
         {"name": "p0", "role": "prefill", "host": "127.0.0.1", "port": 7101, "dc": "A"},

@@ -10,7 +10,7 @@ from testbed.pdd.compute.radix import RadixCache
 from testbed.pdd.roles.routing import PrefixMirror, RldBudget, RouteInputs, choose_pipeline
 
 CFG = RouterConfig(relay_threshold_s=0.5, anomalous_min_input_tokens=32768)
-TIMING = TimingConfig(kv_bytes_per_token=50_000)
+TIMING = TimingConfig(kv_bytes_per_token=50_000, token_scale=1)  # prompts below are modeled tokens
 FULL = "RLD full: batch 8 of 8"
 
 TABLE = [
