@@ -72,8 +72,8 @@ def scale_table(runs: Mapping) -> tuple[list[dict], dict]:
         vals = [r[key] for r in rows if r[key]]
         spread[key] = (100.0 * (max(vals) - min(vals)) / (sum(vals) / len(vals))
                        if len(vals) >= 2 else None)
-    spread["invariant"] = all(v is not None and v <= INVARIANT_PCT
-                              for v in spread.values()) if rows else None
+    known = [v for v in spread.values() if v is not None]
+    spread["invariant"] = all(v <= INVARIANT_PCT for v in known) if known else None
     return rows, spread
 
 

@@ -29,7 +29,7 @@ import enum
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from testbed.errors import SpecError
 from testbed.strict import MAX_INT, finite, parse_json, read_text
@@ -50,7 +50,8 @@ ONE_OF_EACH = (("p0", "prefill", "A"), ("rld0", "relay_decode", "A"),
                ("md0", "main_decode", "B"), ("router", "router", "A"), ("client", "client", "A"))
 
 
-def one_of_each(host: Any = lambda name: "127.0.0.1", port: Any = lambda name: 1) -> list[dict]:
+def one_of_each(host: Callable[[str], str] = lambda name: "127.0.0.1",
+                port: Callable[[str], int | None] = lambda name: 1) -> list[dict]:
     """The ``instances`` of ONE_OF_EACH as config JSON: ``host(name)``, ``port(name)``
     (a client gets no port)."""
     return [{"name": n, "role": r, "host": host(n), "dc": dc,
