@@ -88,7 +88,44 @@ def test_idle_intervals_are_not_rate_samples():
     wan = model()
     feed_rate(wan, 0.0, 1.0, 8.0)
     assert not wan.add_rate_sample(1.05, 0, 0.05, busy=False)
-    assert wan.capacity_gbit(5.0) == pytest.approx(8.0)  # held, not decayed to 0
+    assert wan.capacity_gbit(1.1) == pytest.approx(8.0, rel=0.01)  # not dragged toward 0
+    assert wan.capacity_age_s(1.1) == 0.0  # the window still holds busy samples
+
+
+def test_a_stalled_windows_estimate_returns_toward_the_line_when_nothing_measures():
+    # loss.yaml, session 7: a window of stalled intervals set the estimate to 0, later
+    # requests went rld-only, nothing crossed the WAN, and the 0 stayed for good
+    wan = model(recovery_half_life_s=2.0)
+    feed_rate(wan, 0.0, 1.0, 0.0)  # a transfer in progress, nothing delivered
+    assert wan.capacity_gbit(1.0) == 0.0
+    huge = wan.predict(1.0, 0.1 * GB, 1.0).wan_s
+    assert huge > 100  # during the stall the KV "never" arrives
+    # the window (0.2 s) empties; one half-life after the newest sample: half the line
+    assert wan.capacity_age_s(3.0) == pytest.approx(2.0)
+    assert wan.capacity_gbit(3.0) == pytest.approx(5.0)
+    assert wan.capacity_gbit(7.0) == pytest.approx(10.0 - 10.0 / 8)  # three half-lives
+    p = wan.predict(7.0, 0.1 * GB, 7.0)
+    assert p.wan_s < 1.0 and p.capacity_age_s == pytest.approx(6.0)
+    assert p.as_dict()["wan_capacity_age_s"] == pytest.approx(6.0)
+
+
+def test_an_outage_that_goes_on_keeps_the_estimate_at_zero():
+    wan = model(recovery_half_life_s=2.0)
+    feed_rate(wan, 0.0, 10.0, 0.0)  # busy throughout, 0 bytes: no recovery while measured
+    assert wan.capacity_gbit(10.0) == 0.0 and wan.capacity_age_s(10.0) == 0.0
+
+
+def test_a_recovering_estimate_follows_the_next_measurement_at_once():
+    wan = model(recovery_half_life_s=2.0)
+    feed_rate(wan, 0.0, 1.0, 0.7)  # a dip, then idle
+    assert wan.capacity_gbit(5.0) > 7.0  # recovered most of the way toward 10
+    feed_rate(wan, 5.0, 5.3, 0.7)  # a transfer still sees 0.7: the estimate is 0.7 again
+    assert wan.capacity_gbit(5.3) == pytest.approx(0.7)
+
+
+def test_a_bad_recovery_half_life_is_rejected():
+    with pytest.raises(ValueError, match="half-life"):
+        model(recovery_half_life_s=0.0)
 
 
 def test_outage_gives_a_finite_huge_prediction():

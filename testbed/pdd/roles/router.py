@@ -100,6 +100,7 @@ class RouterNode(RoleServer):
                             margin_band_s=2 * rc.relay_threshold_s,
                             margin_quantile=rc.relay_margin_quantile,
                             margin_window_s=rc.relay_margin_window_s,
+                            recovery_half_life_s=rc.wan_recovery_half_life_s,
                             quantum_bytes=cfg.prefill.kv_chunk_tokens * cfg.timing.token_scale
                             * cfg.timing.kv_bytes_per_token)
         self.local = LocalPathModel(rc.local_gbit)

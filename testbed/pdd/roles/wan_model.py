@@ -19,8 +19,21 @@ Inputs (all in nominal units: wire bytes x k):
   single interval can show more than the line carries; measured: a
   windowed max read 19.5 Gbit/s on a 10 Gbit/s line):
   ``window = max(router.wan_window_min_s, router.wan_window_rtts x RTT)``.
-  With no busy sample in the window the last estimate is held (and the
-  line rate before the first).
+  With no busy sample in the window the estimate returns toward the line
+  rate: ``line - (line - last) x 2^(-age / recovery_half_life_s)``, where
+  ``last`` is the last measured estimate and ``age`` the time since the
+  newest busy sample (the line rate before the first). The router learns
+  the capacity only from its own transfers, so a held estimate could keep
+  itself stale: measured in scenarios/loss.yaml (session 7), a window of
+  stalled intervals during 10% loss set it to 0, every later request's KV
+  was then predicted to reach MD after RLD's last token and went rld-only,
+  nothing crossed the WAN again, and the 0 stayed for the last 40 s of the
+  run (RLD made 76% of the tokens). Returning toward the line makes the
+  router try the WAN again: a relayed request (RLD hides its transfer)
+  measures the line, and a still-bad line pulls the estimate back down.
+  A stalled window is kept as measured (an outage is 0 Gbit/s); what it
+  teaches fades with the half-life.
+  Cross traffic that persists is re-measured by each transfer.
 - RTT: the router's HEALTH probes to MD (``rtt_probe_interval_s``); the
   estimate is the minimum of the last ``rtt_window_s`` (queueing from our
   own bursts is filtered; a standing queue of cross traffic, or an ``rtt``
@@ -108,6 +121,7 @@ class WanPrediction:
     rtt_s: float
     overhead_s: float = 0.0
     queue_delay_s: float = 0.0
+    capacity_age_s: float = 0.0  # since the newest busy sample (0: measured in the window)
 
     @property
     def arrival_s(self) -> float:
@@ -121,7 +135,8 @@ class WanPrediction:
                 "wan_backlog_transfers": self.backlog_transfers,
                 "wan_gbit": round(self.capacity_gbit, 4), "wan_rtt_s": round(self.rtt_s, 6),
                 "wan_overhead_s": round(self.overhead_s, 6),
-                "wan_queue_delay_s": round(self.queue_delay_s, 6)}
+                "wan_queue_delay_s": round(self.queue_delay_s, 6),
+                "wan_capacity_age_s": round(self.capacity_age_s, 3)}
 
 
 @dataclass
@@ -137,10 +152,14 @@ class WanModel:
                  window_rtts: float = 5.0, rtt_window_s: float = 2.0,
                  overhead_samples: int = 15, margin_band_s: float = 1.0,
                  margin_quantile: float = 0.9, margin_samples: int = 30,
-                 margin_window_s: float = 10.0, quantum_bytes: float = 0.0):
+                 margin_window_s: float = 10.0, quantum_bytes: float = 0.0,
+                 recovery_half_life_s: float = 5.0):
         if line_gbit <= 0 or prior_rtt_s < 0:
             raise ValueError(f"line rate must be > 0 and RTT >= 0, got {line_gbit}, "
                              f"{prior_rtt_s}")
+        if recovery_half_life_s <= 0:
+            raise ValueError(f"recovery half-life must be > 0, got {recovery_half_life_s}")
+        self.recovery_half_life_s = recovery_half_life_s
         self.line_gbit = line_gbit
         self.quantum_bytes = quantum_bytes  # nominal bytes of one KV chunk (0: fluid)
         self.window_min_s, self.window_rtts = window_min_s, window_rtts
@@ -154,7 +173,8 @@ class WanModel:
         self.margin_window_s = margin_window_s
         self._errors: deque[tuple[float, float]] = deque(maxlen=margin_samples)  # (t, error)
         self.n_errors = 0
-        self._gbit = line_gbit
+        self._gbit = line_gbit  # the last estimate measured over a window with busy samples
+        self._last_busy_s: float | None = None  # time of the newest busy sample
         self._rtt = prior_rtt_s
         self._rates: deque[tuple[float, float, float]] = deque()  # busy (t, bytes, s)
         self._rtts: deque[tuple[float, float]] = deque()  # (t, rtt_s)
@@ -175,6 +195,7 @@ class WanModel:
         if not busy or interval_s <= 0:
             return False
         self._rates.append((now_s, float(nominal_bytes), interval_s))
+        self._last_busy_s = now_s if self._last_busy_s is None else max(self._last_busy_s, now_s)
         self.n_rate_samples += 1
         self.capacity_gbit(now_s)
         return True
@@ -271,13 +292,25 @@ class WanModel:
         return max(self.window_min_s, self.window_rtts * self._rtt)
 
     def capacity_gbit(self, now_s: float) -> float:
-        """Busy-time mean over the window, capped at the line rate; held when none is recent."""
+        """Busy-time mean over the window, capped at the line rate; with no busy sample in
+        the window, the last one returning toward the line rate (module docstring)."""
         self._expire(now_s)
         if self._rates:
             busy_s = sum(s for _, _, s in self._rates)
             gbit = sum(b for _, b, _ in self._rates) * 8 / busy_s / 1e9
             self._gbit = min(self.line_gbit, gbit)
-        return self._gbit
+            return self._gbit
+        age = self.capacity_age_s(now_s)
+        return self.line_gbit - (self.line_gbit - self._gbit) * 0.5 ** (
+            age / self.recovery_half_life_s)
+
+    def capacity_age_s(self, now_s: float) -> float:
+        """0 while the window holds a busy sample; else the time since the newest one (0
+        before the first: the prior is the line rate itself)."""
+        self._expire(now_s)
+        if self._rates or self._last_busy_s is None:
+            return 0.0
+        return max(0.0, now_s - self._last_busy_s)
 
     def rtt_s(self, now_s: float) -> float:
         """Windowed min of the RTT probes; the last estimate when none is recent."""
@@ -317,7 +350,7 @@ class WanModel:
         queue_s = self.queue_delay_s(now_s)
         wan_s = finish - max(now_s, start_s) + queue_s + 1.5 * rtt + self.overhead_s
         return WanPrediction(wan_s, start_s, sum(b for _, b in others), len(others), gbit, rtt,
-                             self.overhead_s, queue_s)
+                             self.overhead_s, queue_s, self.capacity_age_s(now_s))
 
 
 def ps_finish_s(others: list[tuple[float, float]], mine: tuple[float, float], rate: float,
