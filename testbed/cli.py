@@ -335,11 +335,14 @@ def cmd_serve(args) -> int:
 
     out = Path(args.out) if args.out else Path("runs") / f"serve-{time.strftime('%Y%m%d-%H%M%S')}"
     opts = ServeOptions(out, args.port, None if args.backend == "auto" else args.backend,
-                        args.scale, args.seed, args.ready_timeout_s)
+                        args.scale, args.seed, args.ready_timeout_s,
+                        tuple(args.client_command), args.mooncake_rows)
     result = serve(_load_topology(args), Mode(args.mode), opts)
     print(f"testbed: stopped; {result['checked']} requests verified against greedy decode, "
           f"{len(result['mismatched'])} mismatched; records in {out / 'requests.jsonl'}")
-    return 1 if result["mismatched"] else 0
+    if result["mismatched"]:
+        return 1
+    return result.get("client_exit", 0)
 
 
 def cmd_exec(args) -> int:
@@ -501,7 +504,13 @@ def build_parser() -> argparse.ArgumentParser:
                    "runs/serve-TIME)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--ready-timeout-s", type=float, default=60.0)
-    p.set_defaults(func=cmd_serve)
+    p.add_argument("--mooncake-rows", type=int, default=0, metavar="N",
+                   help="with a client command: write OUT/mooncake-slice.jsonl ({trace}), "
+                   "the first N rows of the shipped Mooncake trace scaled for the tiny model")
+    p.set_defaults(func=cmd_serve, client_command=[])
+    p.epilog = ("After a lone --, a client command to run in the client host once the "
+                "gateway answers ({url}, {base_url}, {model}, {tokenizer}, {out}, {trace} are "
+                "filled in); serve stops when it ends and exits with its code.")
     p = sub.add_parser("exec", help="run a command inside a host of a live `testbed serve`",
                        usage="testbed exec [-h] [--prefix PREFIX] host -- COMMAND [ARGS ...]",
                        epilog="Everything after the first lone -- is the command, unchanged "
@@ -516,17 +525,25 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """The parsed command line; for ``exec``, everything after its first lone
-    ``--`` is the command, unchanged (argparse would drop a later ``--`` too)."""
+    """The parsed command line; for ``exec`` and ``serve``, everything after its first
+    lone ``--`` is the command, unchanged (argparse would drop a later ``--`` too)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     ap = build_parser()
     i = argv.index("--") if "--" in argv else len(argv)
-    if next((a for a in argv[:i] if not a.startswith("-")), None) != "exec":
-        return ap.parse_args(argv)
+    sub = next((a for a in argv[:i] if not a.startswith("-")), None)
+    if sub not in ("exec", "serve") or i == len(argv):
+        args = ap.parse_args(argv)
+        if sub == "exec" and not getattr(args, "exec_command", None):
+            ap.error("exec: no command given (testbed exec HOST -- COMMAND [ARGS ...])")
+        return args
     args = ap.parse_args(argv[:i])
-    args.exec_command = argv[i + 1:]
-    if not args.exec_command:
-        ap.error("exec: no command given (testbed exec HOST -- COMMAND [ARGS ...])")
+    command = argv[i + 1:]
+    if not command:
+        ap.error(f"{sub}: nothing after -- (a command was expected)")
+    if sub == "exec":
+        args.exec_command = command
+    else:
+        args.client_command = command
     return args
 
 

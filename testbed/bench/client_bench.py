@@ -32,6 +32,7 @@ from testbed.pdd.run.config import RUN_MODEL, ClusterConfig, one_of_each, parse_
 from testbed.pdd.roles.gateway import DEFAULT_MODEL
 from testbed.pdd.run.procs import RoleProcesses, free_port, loopback_config
 from testbed.pdd.compute.text import TOKENIZER_DIR
+from testbed.workload.mooncake import MOONCAKE_TRACE, scale_trace
 
 # the model and pacing of a scenario (testbed/scenario/roles.py), on loopback
 BENCH_CONFIG = {
@@ -44,30 +45,6 @@ BENCH_CONFIG = {
 
 def bench_config(mode: str) -> ClusterConfig:
     return loopback_config(parse_config(dict(BENCH_CONFIG, mode=mode), "<client_bench>"))
-
-
-MOONCAKE_TRACE = Path(__file__).resolve().parents[2] / "scenarios" / "traces" / "mooncake" / \
-    "conversation_trace_head1000.jsonl"
-MOONCAKE_DIVISOR = 32  # the mooncake-trace scenario's token_scale: 512-token blocks -> 16
-
-
-def scale_trace(src: Path, dst: Path, rows: int, divisor: int = MOONCAKE_DIVISOR) -> int:
-    """The first ``rows`` rows of a Mooncake trace with ``input_length`` divided by
-    ``divisor`` (rounded up), hash ids, timestamps and outputs as they are: what
-    the ``mooncake-trace`` scenario replays (testbed/workload/mooncake.py),
-    for a client that rebuilds prompts from hash ids with 512 / ``divisor``-token
-    blocks (AIPerf: ``--isl-block-size 16``). Returns the rows written."""
-    n = 0
-    with open(src) as fin, open(dst, "w") as fout:
-        for line in fin:
-            if n == rows:
-                break
-            if line.strip():
-                row = json.loads(line)
-                row["input_length"] = -(-row["input_length"] // divisor)
-                fout.write(json.dumps(row) + "\n")
-                n += 1
-    return n
 
 
 def run(command: list[str], out: Path, mode: str,

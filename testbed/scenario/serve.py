@@ -12,6 +12,15 @@ recorded request against the single-process greedy decode (``verify.json``)
 and writes the gateway's figures (``gateway-stats.json``: TTFT p50/p90 as the
 roles and as the HTTP side saw them, to set beside an external client's).
 
+With a ``command`` (``testbed serve TOPOLOGY --mode M --out DIR -- COMMAND ...``)
+serve runs that one client command in the client host once the gateway
+answers (``client_argv`` fills in ``{url}``, ``{base_url}``, ``{model}``,
+``{tokenizer}``, ``{out}`` and, with ``mooncake_rows``, ``{trace}``: a
+slice of the shipped Mooncake trace scaled as client_bench scales it),
+keeps its output in ``client.stdout`` / ``client.stderr``, stops when it
+ends and records its exit code and argv in ``gateway-stats.json``: one
+command from network up to verified records.
+
 The URL is an address inside the emulated network (no host has a default
 route), so a client runs in a host: ``testbed exec HOST -- COMMAND`` finds
 the live run's namespace shell of HOST in the registry's state files
@@ -54,6 +63,27 @@ class ServeOptions:
     scale: float | None = None
     seed: int = 1
     ready_timeout_s: float = 60.0
+    command: tuple[str, ...] = ()  # a client command to run in the client host, then stop
+    mooncake_rows: int = 0  # {trace}: this many rows of the shipped Mooncake trace
+
+
+def client_argv(command: tuple[str, ...] | list[str], client_ip: str, port: int, out: Path,
+                model: str, tokenizer: Path, trace: Path) -> list[str]:
+    """The client command with its placeholders filled in; an unknown ``{name}`` is an
+    error that names it (a literal brace is written ``{{`` / ``}}``)."""
+    url = f"http://{client_ip}:{port}"
+    fill = {"url": url, "base_url": url + "/v1", "model": model, "tokenizer": str(tokenizer),
+            "out": str(out), "trace": str(trace)}
+    argv = []
+    for arg in command:
+        try:
+            argv.append(arg.format(**fill))
+        except KeyError as e:
+            raise TestbedError(f"serve: client command argument {arg!r}: unknown placeholder "
+                               f"{{{e.args[0]}}} (known: {', '.join(sorted(fill))})") from None
+        except (ValueError, IndexError) as e:
+            raise TestbedError(f"serve: client command argument {arg!r}: {e}") from None
+    return argv
 
 
 def find_host_shell(records: list[dict], host: str, prefix: str | None = None,
@@ -189,16 +219,47 @@ def serve(topo, mode, opts: ServeOptions) -> dict:
             print(f"testbed: serving {info['url']} (model {info['model']}, mode "
                   f"{mode.value}) in host {host}; run a client there with "
                   f"`{info['exec']}`; Ctrl-C stops", flush=True)
+            user = None
+            if opts.command:
+                user = _start_client(net, host, opts, out, client["host"], DEFAULT_MODEL)
             try:
                 while proc.poll() is None:
                     raise_if_terminated()
+                    if user is not None and user[0].poll() is not None:
+                        break
                     time.sleep(0.2)
-                raise EmulationError(f"the gateway exited with {proc.returncode}; see "
-                                     f"{roles.logs / (client['name'] + '.log')}")
+                else:
+                    raise EmulationError(f"the gateway exited with {proc.returncode}; see "
+                                         f"{roles.logs / (client['name'] + '.log')}")
             except (KeyboardInterrupt, Terminated):
                 pass  # the way to stop serving
         finally:
             net.registry.stop_attached()  # `testbed exec` commands: clients go first
+            if user is not None and user[0].poll() is None:
+                _interrupt(user[0])
             roles.stop()
     events.close()
-    return verify_mode(out, gateway=True)
+    result = verify_mode(out, gateway=True)
+    if user is not None:
+        stats_path = out / "gateway-stats.json"
+        stats = json.loads(stats_path.read_text())
+        stats.update(command=user[1], client_exit=user[0].returncode)
+        stats_path.write_text(json.dumps(stats, indent=1) + "\n")
+        result["client_exit"] = user[0].returncode
+    return result
+
+
+def _start_client(net, host: str, opts: ServeOptions, out: Path, ip: str,
+                  model: str) -> tuple[subprocess.Popen, list[str]]:
+    """Start the client command in ``host`` (registered like a role), output in out/."""
+    from testbed.workload.mooncake import MOONCAKE_TRACE, scale_trace
+    from testbed.pdd.compute.text import TOKENIZER_DIR
+
+    trace = (out / "mooncake-slice.jsonl").resolve()
+    if opts.mooncake_rows:
+        scale_trace(MOONCAKE_TRACE, trace, opts.mooncake_rows)
+    argv = client_argv(opts.command, ip, opts.port, out, model, TOKENIZER_DIR.resolve(), trace)
+    with open(out / "client.stdout", "wb") as so, open(out / "client.stderr", "wb") as se:
+        proc = net.popen(host, argv, what="client command", stdout=so, stderr=se)
+    print(f"testbed: running the client in {host}: {shlex.join(argv)}", flush=True)
+    return proc, argv

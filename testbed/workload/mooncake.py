@@ -36,6 +36,7 @@ Example::
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -204,3 +205,28 @@ def load_mooncake(spec: WorkloadSpec, base_dir: str | Path = ".") -> tuple[Reque
     trie = _HashTrie()
     rows = select_rows(read_trace(path, mc.block_tokens), mc)
     return tuple(_request(i, row, mc, trie) for i, row in enumerate(rows))
+
+
+# the shipped trace (the mooncake-trace scenario's), for clients that replay it themselves
+MOONCAKE_TRACE = Path(__file__).resolve().parents[2] / "scenarios" / "traces" / "mooncake" / \
+    "conversation_trace_head1000.jsonl"
+MOONCAKE_DIVISOR = 32  # the mooncake-trace scenario's token_scale: 512-token blocks -> 16
+
+
+def scale_trace(src: Path, dst: Path, rows: int, divisor: int = MOONCAKE_DIVISOR) -> int:
+    """The first ``rows`` rows of a Mooncake trace with ``input_length`` divided by
+    ``divisor`` (rounded up), hash ids, timestamps and outputs as they are: what
+    the ``mooncake-trace`` scenario replays (testbed/workload/mooncake.py),
+    for a client that rebuilds prompts from hash ids with 512 / ``divisor``-token
+    blocks (AIPerf: ``--isl-block-size 16``). Returns the rows written."""
+    n = 0
+    with open(src) as fin, open(dst, "w") as fout:
+        for line in fin:
+            if n == rows:
+                break
+            if line.strip():
+                row = json.loads(line)
+                row["input_length"] = -(-row["input_length"] // divisor)
+                fout.write(json.dumps(row) + "\n")
+                n += 1
+    return n

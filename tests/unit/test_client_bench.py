@@ -52,7 +52,7 @@ def test_a_client_command_runs_against_the_gateway(tmp_path, capsys):
 
 
 def test_a_mooncake_slice_is_scaled_like_the_scenario(tmp_path):
-    from testbed.bench.client_bench import MOONCAKE_TRACE, scale_trace
+    from testbed.workload.mooncake import MOONCAKE_TRACE, scale_trace
 
     assert scale_trace(MOONCAKE_TRACE, tmp_path / "slice.jsonl", 5) == 5
     src = [json.loads(x) for x in MOONCAKE_TRACE.read_text().splitlines()[:5]]

@@ -23,7 +23,7 @@ MAY_IMPORT = {
     "workload": {"errors", "strict", "reader"},
     "net": {"errors", "spec"},
     "pdd": {"errors", "types", "strict"},
-    "bench": {"errors", "types", "net", "spec", "pdd"},
+    "bench": {"errors", "types", "net", "spec", "workload", "pdd"},
     "scenario": {"errors", "types", "strict", "spec", "workload", "net", "pdd", "report"},
     "report": {"errors"},
     "export": {"errors", "types", "strict", "spec", "workload", "scenario", "pdd", "report"},

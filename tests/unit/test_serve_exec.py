@@ -115,6 +115,33 @@ def test_exec_keeps_every_argument_after_its_first_lone_dashdash():
     assert cli.parse_args(["validate", "--", "a.yaml"]).files == ["a.yaml"]
 
 
+def test_serve_takes_a_client_command_after_its_lone_dashdash():
+    a = cli.parse_args(["serve", "topologies/two-dc.yaml", "--mode", "pdd", "--out", "o",
+                        "--mooncake-rows", "40", "--", "aiperf", "--url", "{url}", "--", "x"])
+    assert (a.func, a.mode, a.mooncake_rows, a.client_command) == \
+        (cli.cmd_serve, "pdd", 40, ["aiperf", "--url", "{url}", "--", "x"])
+    assert cli.parse_args(["serve", "--mode", "pdd"]).client_command == []  # serve until ^C
+    with pytest.raises(SystemExit):
+        cli.parse_args(["serve", "--mode", "pdd", "--"])
+
+
+def test_the_client_command_gets_the_live_deployments_addresses(tmp_path):
+    from testbed.scenario.serve import client_argv
+
+    argv = client_argv(["aiperf", "--url", "{url}", "--base={base_url}", "-m", "{model}",
+                        "--tokenizer", "{tokenizer}", "--input-file", "{trace}",
+                        "--artifact-dir", "{out}/aiperf", "{{literal}}"],
+                       "10.0.0.5", 8000, tmp_path, "pdd-tiny", Path("/tok"), Path("/t.jsonl"))
+    assert argv == ["aiperf", "--url", "http://10.0.0.5:8000",
+                    "--base=http://10.0.0.5:8000/v1", "-m", "pdd-tiny", "--tokenizer", "/tok",
+                    "--input-file", "/t.jsonl", "--artifact-dir", f"{tmp_path}/aiperf",
+                    "{literal}"]
+    with pytest.raises(TestbedError, match=r"'\{urll\}'.*unknown placeholder \{urll\}"):
+        client_argv(["{urll}"], "10.0.0.5", 8000, tmp_path, "m", Path("/t"), Path("/t"))
+    with pytest.raises(TestbedError, match="client command argument"):
+        client_argv(["{"], "10.0.0.5", 8000, tmp_path, "m", Path("/t"), Path("/t"))
+
+
 @pytest.fixture
 def live_run(tmp_path, monkeypatch):
     """A live run's state file in a temporary state dir; exec runs commands directly
