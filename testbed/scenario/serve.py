@@ -199,6 +199,7 @@ def serve(topo, mode, opts: ServeOptions) -> dict:
         preflight(net)
         run = ModeRun(mode.value, mode, PddSettings(), None)
         roles = RoleSet(net, cluster_dict(net, run, {}), out, opts.ready_timeout_s)
+        user = None  # (the client command's process, its argv)
         try:
             roles.start_servers()
             client = next(i for i in roles.cfg["instances"] if i["role"] == "client")
@@ -219,7 +220,6 @@ def serve(topo, mode, opts: ServeOptions) -> dict:
             print(f"testbed: serving {info['url']} (model {info['model']}, mode "
                   f"{mode.value}) in host {host}; run a client there with "
                   f"`{info['exec']}`; Ctrl-C stops", flush=True)
-            user = None
             if opts.command:
                 user = _start_client(net, host, opts, out, client["host"], DEFAULT_MODEL)
             try:
