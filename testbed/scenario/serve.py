@@ -51,6 +51,7 @@ from pathlib import Path
 
 from testbed.errors import EmulationError, TestbedError
 from testbed.net import naming
+from testbed.report.clients import agreement, client_ttft
 
 GATEWAY_PORT = 8000
 
@@ -244,6 +245,10 @@ def serve(topo, mode, opts: ServeOptions) -> dict:
         stats_path = out / "gateway-stats.json"
         stats = json.loads(stats_path.read_text())
         stats.update(command=user[1], client_exit=user[0].returncode)
+        theirs = client_ttft(out)  # the client's own TTFT figures, when it wrote known ones
+        stats["client_ttft"] = theirs
+        if theirs:
+            stats.update(agreement(stats, theirs))
         stats_path.write_text(json.dumps(stats, indent=1) + "\n")
         result["client_exit"] = user[0].returncode
     return result
