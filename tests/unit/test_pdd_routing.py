@@ -78,6 +78,22 @@ def test_a_mirror_can_be_asked_without_recording():
     assert m.hit(prompt + (1, 2)) == 64
 
 
+def test_the_late_kv_rule_uses_its_own_recovering_prediction():
+    """loss.yaml, session 7: a held ~0 Gbit/s estimate predicted 832 s, the request went
+    rld-only, and nothing crossed to correct the estimate. The late-KV test reads
+    ``late_wan_s`` (the estimate returning toward the line); the threshold test keeps
+    ``wan_s``."""
+    stale = RouteInputs(16384, 100, 832.0, 1.5, None, late_wan_s=0.9)
+    d = choose_pipeline(Mode.PDD, CFG, TIMING, stale)
+    assert d.pipeline == Pipeline.P_RLD_MD and "832.00 s" in d.reason
+    still_late = RouteInputs(16384, 100, 832.0, 1.5, None, late_wan_s=2.0)
+    d = choose_pipeline(Mode.PDD, CFG, TIMING, still_late)
+    assert d.pipeline == Pipeline.RLD_ONLY and "(2.00 s)" in d.reason
+    # without it (None) the rule reads wan_s, as before
+    assert choose_pipeline(Mode.PDD, CFG, TIMING, RouteInputs(
+        16384, 100, 3.0, 1.5, None)).pipeline == Pipeline.RLD_ONLY
+
+
 def test_late_kv_local_can_be_turned_off():
     cfg = RouterConfig(**{**CFG.__dict__, "late_kv_local": False})
     d = choose_pipeline(Mode.PDD, cfg, TIMING, RouteInputs(16384, 100, 3.0, 1.5, None))

@@ -88,39 +88,60 @@ def test_idle_intervals_are_not_rate_samples():
     wan = model()
     feed_rate(wan, 0.0, 1.0, 8.0)
     assert not wan.add_rate_sample(1.05, 0, 0.05, busy=False)
-    assert wan.capacity_gbit(1.1) == pytest.approx(8.0, rel=0.01)  # not dragged toward 0
     assert wan.capacity_age_s(1.1) == 0.0  # the window still holds busy samples
+    assert wan.capacity_gbit(5.0) == pytest.approx(8.0)  # held, not decayed to 0
+    assert wan.capacity_age_s(5.0) == pytest.approx(4.0)
 
 
-def test_a_stalled_windows_estimate_returns_toward_the_line_when_nothing_measures():
+def test_a_stalled_windows_estimate_is_held_but_recovers_for_the_optimistic_view():
     # loss.yaml, session 7: a window of stalled intervals set the estimate to 0, later
     # requests went rld-only, nothing crossed the WAN, and the 0 stayed for good
     wan = model(recovery_half_life_s=2.0)
     feed_rate(wan, 0.0, 1.0, 0.0)  # a transfer in progress, nothing delivered
-    assert wan.capacity_gbit(1.0) == 0.0
-    huge = wan.predict(1.0, 0.1 * GB, 1.0).wan_s
-    assert huge > 100  # during the stall the KV "never" arrives
+    assert wan.capacity_gbit(1.0) == wan.recovered_gbit(1.0) == 0.0
+    assert wan.predict(1.0, 0.1 * GB, 1.0, optimistic=True).wan_s > 100
     # the window (0.2 s) empties; one half-life after the newest sample: half the line
     assert wan.capacity_age_s(3.0) == pytest.approx(2.0)
-    assert wan.capacity_gbit(3.0) == pytest.approx(5.0)
-    assert wan.capacity_gbit(7.0) == pytest.approx(10.0 - 10.0 / 8)  # three half-lives
-    p = wan.predict(7.0, 0.1 * GB, 7.0)
+    assert wan.recovered_gbit(3.0) == pytest.approx(5.0)
+    assert wan.recovered_gbit(7.0) == pytest.approx(10.0 - 10.0 / 8)  # three half-lives
+    assert wan.capacity_gbit(7.0) == 0.0  # the held estimate: the p-md / relay decision's
+    assert wan.predict(7.0, 0.1 * GB, 7.0).wan_s > 100
+    p = wan.predict(7.0, 0.1 * GB, 7.0, optimistic=True)
     assert p.wan_s < 1.0 and p.capacity_age_s == pytest.approx(6.0)
+    assert p.capacity_gbit == pytest.approx(10.0 - 10.0 / 8)
     assert p.as_dict()["wan_capacity_age_s"] == pytest.approx(6.0)
 
 
-def test_an_outage_that_goes_on_keeps_the_estimate_at_zero():
+def test_an_outage_that_goes_on_keeps_even_the_optimistic_estimate_at_zero():
     wan = model(recovery_half_life_s=2.0)
     feed_rate(wan, 0.0, 10.0, 0.0)  # busy throughout, 0 bytes: no recovery while measured
-    assert wan.capacity_gbit(10.0) == 0.0 and wan.capacity_age_s(10.0) == 0.0
+    assert wan.recovered_gbit(10.0) == 0.0 and wan.capacity_age_s(10.0) == 0.0
 
 
 def test_a_recovering_estimate_follows_the_next_measurement_at_once():
     wan = model(recovery_half_life_s=2.0)
     feed_rate(wan, 0.0, 1.0, 0.7)  # a dip, then idle
-    assert wan.capacity_gbit(5.0) > 7.0  # recovered most of the way toward 10
+    assert wan.recovered_gbit(5.0) > 7.0  # recovered most of the way toward 10
     feed_rate(wan, 5.0, 5.3, 0.7)  # a transfer still sees 0.7: the estimate is 0.7 again
-    assert wan.capacity_gbit(5.3) == pytest.approx(0.7)
+    assert wan.recovered_gbit(5.3) == pytest.approx(0.7)
+
+
+def test_a_short_transfer_faster_than_a_held_estimate_raises_it():
+    # BBR's rule for application-limited samples: used only when above the estimate
+    wan = model()
+    feed_rate(wan, 0.0, 1.0, 0.7)  # a dip, then the line is back but nothing is busy
+    assert wan.capacity_gbit(2.0) == pytest.approx(0.7)
+    # 50 MB nominal in a 0.1 s interval that was not busy throughout: >= 4 Gbit/s
+    assert wan.add_rate_sample(2.0, 50e6, 0.1, busy=False)
+    assert wan.capacity_gbit(2.0) == pytest.approx(4.0)
+    assert not wan.add_rate_sample(2.1, 10e6, 0.1, busy=False)  # slower: no lower bound
+    assert wan.capacity_gbit(2.1) == pytest.approx(4.0)
+    assert wan.add_rate_sample(2.2, 500e6, 0.1, busy=False)  # a read burst: capped
+    assert wan.capacity_gbit(2.2) == pytest.approx(10.0)
+    # while busy intervals are in the window they alone set the estimate
+    feed_rate(wan, 3.0, 3.3, 1.5)
+    assert not wan.add_rate_sample(3.3, 100e6, 0.1, busy=False)
+    assert wan.capacity_gbit(3.3) == pytest.approx(1.5)
 
 
 def test_a_bad_recovery_half_life_is_rejected():

@@ -233,8 +233,12 @@ class RouterNode(RoleServer):
             md_hit, start = shared, max(p_end, dep_arrival)
         wan_bytes = (n - md_hit) * timing.token_scale * timing.kv_bytes_per_token
         pred = self.wan.predict(now, wan_bytes, start)
+        # the late-KV rule (rld-only: nothing crosses, so nothing measures) on the estimate
+        # returning toward the line rate (wan_model: a held ~0 locked in otherwise)
+        late = self.wan.predict(now, wan_bytes, start, optimistic=True)
         if start > p_end:  # measured from P's prefill end, the wait for the prefix included
             pred = dataclasses.replace(pred, wan_s=pred.wan_s + start - p_end, start_s=p_end)
+            late = dataclasses.replace(late, wan_s=late.wan_s + start - p_end, start_s=p_end)
         rld = names[Role.RELAY_DECODE]
         active = self.rld_active.get(rld, 0)
         held = n * timing.token_scale + req.max_output_tokens
@@ -251,7 +255,7 @@ class RouterNode(RoleServer):
                             RouteInputs(n, req.max_output_tokens, pred.wan_s, rld_decode_s, room,
                                         warmup=bool(req.metadata.get("warmup")),
                                         wan_margin_s=margin, md_live=md is not None,
-                                        local_s=local_s))
+                                        local_s=local_s, late_wan_s=late.wan_s))
         involved = {Role.PREFILL}
         if d.pipeline != Pipeline.P_MD:
             involved.add(Role.RELAY_DECODE)
@@ -272,6 +276,8 @@ class RouterNode(RoleServer):
                 r.md_prompt = tuple(prompt)  # MD's DRC will insert it
         info = {"pipeline": d.pipeline.value, "reason": d.reason, "t_route": round(now, 6),
                 **pred.as_dict(), "wan_margin_s": round(margin, 6),
+                "late_kv_wan_s": round(late.wan_s, 6),
+                "wan_gbit_recovered": round(late.capacity_gbit, 4),
                 "wan_margin_samples": self.wan.n_errors, "predicted_local_s": round(local_s, 6),
                 "local_backlog_bytes": int(self.local.backlog_bytes(now)),
                 "local_backlog_transfers": self.local.n_transfers,

@@ -37,7 +37,11 @@ Rule, per mode:
   4. (``late_kv_local``, on by default) the KV would reach MD after RLD has
      decoded every token (predicted WAN time >= ``max_out`` x RLD's step
      time) -> ``rld-only``: relaying would decode it all on RLD anyway, so
-     the KV does not cross;
+     the KV does not cross. This test's WAN time (``late_wan_s``) is
+     predicted on the capacity estimate returning toward the line rate
+     while no transfer measures it (``WanModel.recovered_gbit``): an
+     rld-only request sends nothing, so a stale low estimate would
+     otherwise never be corrected;
   5. otherwise ``p-rld-md``.
 - ``p-rld``: the anomalous filter, then step 2, then ``rld-only`` with no
   room check (the design the paper excludes because it overloads RLD).
@@ -73,6 +77,8 @@ class RouteInputs:
     wan_margin_s: float = 0.0  # what the threshold test adds to wan_s (WanModel.margin_s)
     md_live: bool = True  # a MAIN_DECODE instance is up
     local_s: float = 0.0  # predicted prefill end -> KV complete at RLD (local_model)
+    late_wan_s: float | None = None  # the late-KV rule's WAN time (None: wan_s), predicted
+    # on the capacity estimate returning toward the line (wan_model.recovered_gbit)
 
 
 @dataclass(frozen=True)
@@ -139,9 +145,10 @@ def choose_pipeline(mode: Mode, cfg: RouterConfig, timing: TimingConfig,
         return RouteDecision(Pipeline.RLD_ONLY, "long transfer: decode on RLD")
     if inp.rld_room is not None:
         return RouteDecision(Pipeline.P_MD, f"long transfer ({inp.wan_s:.2f} s), {inp.rld_room}")
-    if cfg.late_kv_local and inp.wan_s >= inp.rld_decode_s:
+    late_s = inp.wan_s if inp.late_wan_s is None else inp.late_wan_s
+    if cfg.late_kv_local and late_s >= inp.rld_decode_s:
         return RouteDecision(Pipeline.RLD_ONLY,
-                             f"KV would reach MD ({inp.wan_s:.2f} s) after RLD's last token "
+                             f"KV would reach MD ({late_s:.2f} s) after RLD's last token "
                              f"({inp.rld_decode_s:.2f} s): no WAN transfer")
     return RouteDecision(Pipeline.P_RLD_MD, f"long transfer ({inp.wan_s:.2f} s): relay")
 

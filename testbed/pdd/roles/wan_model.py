@@ -19,21 +19,33 @@ Inputs (all in nominal units: wire bytes x k):
   single interval can show more than the line carries; measured: a
   windowed max read 19.5 Gbit/s on a 10 Gbit/s line):
   ``window = max(router.wan_window_min_s, router.wan_window_rtts x RTT)``.
-  With no busy sample in the window the estimate returns toward the line
-  rate: ``line - (line - last) x 2^(-age / recovery_half_life_s)``, where
-  ``last`` is the last measured estimate and ``age`` the time since the
-  newest busy sample (the line rate before the first). The router learns
-  the capacity only from its own transfers, so a held estimate could keep
-  itself stale: measured in scenarios/loss.yaml (session 7), a window of
-  stalled intervals during 10% loss set it to 0, every later request's KV
-  was then predicted to reach MD after RLD's last token and went rld-only,
-  nothing crossed the WAN again, and the 0 stayed for the last 40 s of the
-  run (RLD made 76% of the tokens). Returning toward the line makes the
-  router try the WAN again: a relayed request (RLD hides its transfer)
-  measures the line, and a still-bad line pulls the estimate back down.
-  A stalled window is kept as measured (an outage is 0 Gbit/s); what it
-  teaches fades with the half-life.
-  Cross traffic that persists is re-measured by each transfer.
+  With no busy sample in the window the last estimate is held (the line
+  rate before the first), with two corrections:
+
+  * an interval that was not busy but still delivered bytes (a transfer
+    that started or ended inside it) delivered at least its
+    ``bytes / interval`` (the transfer ran for only part of it): above the
+    held estimate, it raises it (capped at the line), as BBR uses an
+    application-limited delivery-rate sample only when it exceeds its
+    estimate. A short transfer after a dip thus shows the line is back.
+  * ``recovered_gbit``: the held estimate returning toward the line rate,
+    ``line - (line - held) x 2^(-age / recovery_half_life_s)`` (``age``:
+    since the newest busy sample), is what ``predict(optimistic=True)``
+    uses. The router takes it for one decision only, the late-KV rule
+    (rld-only: do not send the KV at all), because that decision stops the
+    measuring: measured in scenarios/loss.yaml (session 7), a window of
+    stalled intervals during 10% loss set the estimate to 0, every later
+    request's KV was then predicted to reach MD after RLD's last token and
+    went rld-only, nothing crossed the WAN again, and the 0 stayed for the
+    last 40 s of the run (RLD made 76% of the tokens). The p-md / relay
+    decision keeps the held (pessimistic) estimate: relaying a request
+    needlessly costs RLD a few tokens and its KV still crosses (and
+    measures), while an optimistic p-md meets the dip with nothing to hide
+    it (measured with the recovering estimate for every decision,
+    fluctuation.yaml, session 8: two requests at t = 76.5-76.9 s, 7 s after
+    the last busy sample, the line at 0.7 Gbit/s and the estimate back at
+    6.7 Gbit/s, went p-md with TTFT 0.85 and 2.68 s; relayed in the run
+    before: 0.18 and 0.26 s).
 - RTT: the router's HEALTH probes to MD (``rtt_probe_interval_s``); the
   estimate is the minimum of the last ``rtt_window_s`` (queueing from our
   own bursts is filtered; a standing queue of cross traffic, or an ``rtt``
@@ -192,8 +204,10 @@ class WanModel:
         Only busy intervals (a transfer in progress throughout) are rate
         samples; returns whether this one was used.
         """
-        if not busy or interval_s <= 0:
+        if interval_s <= 0:
             return False
+        if not busy:
+            return self._lower_bound(now_s, nominal_bytes * 8 / interval_s / 1e9)
         self._rates.append((now_s, float(nominal_bytes), interval_s))
         self._last_busy_s = now_s if self._last_busy_s is None else max(self._last_busy_s, now_s)
         self.n_rate_samples += 1
@@ -291,18 +305,30 @@ class WanModel:
     def window_s(self) -> float:
         return max(self.window_min_s, self.window_rtts * self._rtt)
 
+    def _lower_bound(self, now_s: float, gbit: float) -> bool:
+        """A not-busy interval delivered at least ``gbit``: raise a held estimate below it."""
+        self._expire(now_s)
+        if self._rates or gbit <= self._gbit:
+            return False
+        self._gbit = min(self.line_gbit, gbit)
+        return True
+
     def capacity_gbit(self, now_s: float) -> float:
-        """Busy-time mean over the window, capped at the line rate; with no busy sample in
-        the window, the last one returning toward the line rate (module docstring)."""
+        """Busy-time mean over the window, capped at the line rate; held when none is recent
+        (and raised by a faster not-busy interval)."""
         self._expire(now_s)
         if self._rates:
             busy_s = sum(s for _, _, s in self._rates)
             gbit = sum(b for _, b, _ in self._rates) * 8 / busy_s / 1e9
             self._gbit = min(self.line_gbit, gbit)
-            return self._gbit
+        return self._gbit
+
+    def recovered_gbit(self, now_s: float) -> float:
+        """The estimate returning toward the line rate while nothing measures it (module
+        docstring): equal to ``capacity_gbit`` while the window holds a busy sample."""
+        gbit = self.capacity_gbit(now_s)
         age = self.capacity_age_s(now_s)
-        return self.line_gbit - (self.line_gbit - self._gbit) * 0.5 ** (
-            age / self.recovery_half_life_s)
+        return self.line_gbit - (self.line_gbit - gbit) * 0.5 ** (age / self.recovery_half_life_s)
 
     def capacity_age_s(self, now_s: float) -> float:
         """0 while the window holds a busy sample; else the time since the newest one (0
@@ -339,9 +365,12 @@ class WanModel:
             self._rtts.popleft()
 
     # -- prediction ------------------------------------------------------------
-    def predict(self, now_s: float, nominal_bytes: float, start_s: float) -> WanPrediction:
-        """When would a transfer of ``nominal_bytes`` starting at ``start_s`` be at MD?"""
-        gbit, rtt = self.capacity_gbit(now_s), self.rtt_s(now_s)
+    def predict(self, now_s: float, nominal_bytes: float, start_s: float,
+                optimistic: bool = False) -> WanPrediction:
+        """When would a transfer of ``nominal_bytes`` starting at ``start_s`` be at MD?
+        ``optimistic``: at ``recovered_gbit``, not the held estimate (module docstring)."""
+        gbit = self.recovered_gbit(now_s) if optimistic else self.capacity_gbit(now_s)
+        rtt = self.rtt_s(now_s)
         rate = max(gbit, MIN_GBIT) * 1e9 / 8  # bytes/s; a link that is down: very slow
         others = [(max(now_s, t.start_s), t.remaining) for t in self._transfers.values()
                   if t.remaining > 0]

@@ -163,10 +163,11 @@ class RouterConfig:
     wan_window_min_s: float = _f(0.5, "capacity = bytes / busy time of MD's busy intervals "
                                  "over max(this, wan_window_rtts x RTT)", lo=0.01)
     wan_window_rtts: float = _f(5.0, "capacity window in RTTs (see wan_window_min_s)", lo=0.0)
-    wan_recovery_half_life_s: float = _f(5.0, "with no busy interval in the window the capacity "
-                                         "estimate returns toward wan_prior_gbit with this "
-                                         "half-life (a stalled spell's estimate does not stay "
-                                         "for good)", lo=0.01)
+    wan_recovery_half_life_s: float = _f(5.0, "the late-KV rule (rld-only, nothing crosses) "
+                                         "predicts on the capacity estimate returning toward "
+                                         "wan_prior_gbit with this half-life while no busy "
+                                         "interval measures it (a stalled spell's ~0 does not "
+                                         "lock in)", lo=0.01)
     rtt_probe_interval_s: float = _f(0.1, "the router pings each MD this often", lo=0.01)
     rtt_window_s: float = _f(2.0, "RTT = min of the probes of this window", lo=0.01)
     revive_interval_s: float = _f(0.5, "the router tries to reconnect to a lost instance this "
