@@ -185,7 +185,7 @@ class WanModel:
         self.margin_window_s = margin_window_s
         self._errors: deque[tuple[float, float]] = deque(maxlen=margin_samples)  # (t, error)
         self.n_errors = 0
-        self._gbit = line_gbit  # the last estimate measured over a window with busy samples
+        self._gbit = line_gbit  # the held estimate: the last busy window's, or a lower bound
         self._last_busy_s: float | None = None  # time of the newest busy sample
         self._rtt = prior_rtt_s
         self._rates: deque[tuple[float, float, float]] = deque()  # busy (t, bytes, s)
@@ -201,8 +201,9 @@ class WanModel:
                         busy: bool) -> bool:
         """MD received ``nominal_bytes`` in the ``interval_s`` ending at ``now_s``.
 
-        Only busy intervals (a transfer in progress throughout) are rate
-        samples; returns whether this one was used.
+        Busy intervals (a transfer in progress throughout) are rate samples;
+        a not-busy one can only raise a held estimate (a lower bound, module
+        docstring). Returns whether this one was used.
         """
         if interval_s <= 0:
             return False
