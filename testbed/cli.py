@@ -330,14 +330,41 @@ def cmd_serve(args) -> int:
     import time
     from pathlib import Path
 
-    from testbed.scenario.serve import ServeOptions, serve
+    from testbed.scenario.serve import ServeOptions, client_argv, serve
     from testbed.types import Mode
 
     out = Path(args.out) if args.out else Path("runs") / f"serve-{time.strftime('%Y%m%d-%H%M%S')}"
-    opts = ServeOptions(out, args.port, None if args.backend == "auto" else args.backend,
-                        args.scale, args.seed, args.ready_timeout_s,
-                        tuple(args.client_command), args.mooncake_rows)
-    result = serve(_load_topology(args), Mode(args.mode), opts)
+    client_argv(args.client_command, "0.0.0.0", args.port, out, "m", Path("t"), Path("x"))
+    pdd = workload = None
+    workload_dir = Path(".")
+    seed, scale, backend = args.seed, args.scale, args.backend
+    if args.scenario:
+        from testbed.spec.scenario import load_scenario
+
+        if args.topology is not None:
+            raise TestbedError("serve: give a topology or --scenario (its topology), not both")
+        if args.mooncake_rows:
+            raise TestbedError("serve: --mooncake-rows and --scenario both set {trace}; "
+                               "give one")
+        sc = load_scenario(args.scenario)
+        run = next((m for m in sc.modes if m.mode.value == args.mode), None)
+        if run is None:
+            raise SpecError(args.scenario, "modes", f"a list with mode {args.mode} (--mode)",
+                            [m.name for m in sc.modes])
+        topo, pdd, workload = sc.topology, run.pdd, run.workload
+        workload_dir = Path(sc.file).parent
+        seed = sc.seed if seed is None else seed
+        scale = sc.scale if scale is None else scale
+        backend = sc.backend if backend == "auto" else backend
+    else:
+        if args.topology is None:
+            args.topology = DEFAULT_TOPOLOGY
+        topo = _load_topology(args)
+    opts = ServeOptions(out, args.port, None if backend == "auto" else backend,
+                        scale, 1 if seed is None else seed, args.ready_timeout_s,
+                        tuple(args.client_command), args.mooncake_rows, pdd, workload,
+                        workload_dir)
+    result = serve(topo, Mode(args.mode), opts)
     print(f"testbed: stopped; {result['checked']} requests verified against greedy decode, "
           f"{len(result['mismatched'])} mismatched; records in {out / 'requests.jsonl'}")
     if result["mismatched"]:
@@ -497,20 +524,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_collect)
     p = sub.add_parser("serve", help="network + PDD roles + OpenAI-compatible gateway up "
                        "until Ctrl-C (for external benchmark clients)")
-    _net_args(p)
+    p.add_argument("topology", nargs="?", default=None,
+                   help=f"topology file (default {DEFAULT_TOPOLOGY}; with --scenario, its own)")
+    _net_args(p, topology=False)
+    p.add_argument("--scenario", metavar="FILE",
+                   help="take the topology, the mode's pdd settings, seed, scale, backend and "
+                   "(a Mooncake workload) {trace} from this scenario")
     p.add_argument("--mode", default="pdd", choices=[m.value for m in _modes()])
     p.add_argument("--port", type=int, default=8000, help="the gateway's HTTP port")
     p.add_argument("--out", help="folder for config, logs, requests.jsonl (default "
                    "runs/serve-TIME)")
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--seed", type=int, default=None, help="default: the scenario's, else 1")
     p.add_argument("--ready-timeout-s", type=float, default=60.0)
     p.add_argument("--mooncake-rows", type=int, default=0, metavar="N",
                    help="with a client command: write OUT/mooncake-slice.jsonl ({trace}), "
                    "the first N rows of the shipped Mooncake trace scaled for the tiny model")
     p.set_defaults(func=cmd_serve, client_command=[])
     p.epilog = ("After a lone --, a client command to run in the client host once the "
-                "gateway answers ({url}, {base_url}, {model}, {tokenizer}, {out}, {trace} are "
-                "filled in); serve stops when it ends and exits with its code.")
+                "gateway answers ({url}, {base_url}, {model}, {tokenizer}, {out}, {trace}, "
+                "{block_tokens} are filled in); serve stops when it ends and exits with its code.")
     p = sub.add_parser("exec", help="run a command inside a host of a live `testbed serve`",
                        usage="testbed exec [-h] [--prefix PREFIX] host -- COMMAND [ARGS ...]",
                        epilog="Everything after the first lone -- is the command, unchanged "

@@ -17,6 +17,12 @@ serve runs that one client command in the client host once the gateway
 answers (``client_argv`` fills in ``{url}``, ``{base_url}``, ``{model}``,
 ``{tokenizer}``, ``{out}`` and, with ``mooncake_rows``, ``{trace}``: a
 slice of the shipped Mooncake trace scaled as client_bench scales it),
+``{block_tokens}`` (its tokens per hash id),
+With a scenario (``testbed serve --scenario FILE``) the roles run with the
+scenario's topology and ``pdd:`` settings for that mode, and ``{trace}`` is
+its Mooncake workload as the scenario replays it (``write_client_trace``:
+its rows, token scaling and arrival stretch), so an external client meets
+the deployment and load of that scenario. Serve
 keeps its output in ``client.stdout`` / ``client.stderr``, stops when it
 ends and records its exit code and argv in ``gateway-stats.json``: one
 command from network up to verified records.
@@ -66,15 +72,21 @@ class ServeOptions:
     ready_timeout_s: float = 60.0
     command: tuple[str, ...] = ()  # a client command to run in the client host, then stop
     mooncake_rows: int = 0  # {trace}: this many rows of the shipped Mooncake trace
+    pdd: object = None  # PddSettings of the roles (a scenario's, with --scenario); None: defaults
+    workload: object = None  # a scenario's WorkloadSpec: {trace} is its Mooncake workload
+    workload_dir: Path = Path(".")  # the scenario's folder (its trace paths are relative to it)
 
 
 def client_argv(command: tuple[str, ...] | list[str], client_ip: str, port: int, out: Path,
-                model: str, tokenizer: Path, trace: Path) -> list[str]:
+                model: str, tokenizer: Path, trace: Path, block_tokens: int = 16) -> list[str]:
     """The client command with its placeholders filled in; an unknown ``{name}`` is an
-    error that names it (a literal brace is written ``{{`` / ``}}``)."""
+    error that names it (a literal brace is written ``{{`` / ``}}``). ``block_tokens``
+    (``{block_tokens}``): the tokens per hash id of ``{trace}`` (AIPerf's
+    ``--isl-block-size``). ``testbed serve`` calls it once with its arguments before
+    building anything, so a bad placeholder fails at once."""
     url = f"http://{client_ip}:{port}"
     fill = {"url": url, "base_url": url + "/v1", "model": model, "tokenizer": str(tokenizer),
-            "out": str(out), "trace": str(trace)}
+            "out": str(out), "trace": str(trace), "block_tokens": str(block_tokens)}
     argv = []
     for arg in command:
         try:
@@ -198,7 +210,7 @@ def serve(topo, mode, opts: ServeOptions) -> dict:
     backend = Backend(opts.backend) if opts.backend else None
     with open_network(topo, backend, opts.scale, opts.seed, events) as net:
         preflight(net)
-        run = ModeRun(mode.value, mode, PddSettings(), None)
+        run = ModeRun(mode.value, mode, opts.pdd or PddSettings(), None)
         roles = RoleSet(net, cluster_dict(net, run, {}), out, opts.ready_timeout_s)
         user = None  # (the client command's process, its argv)
         try:
@@ -257,13 +269,19 @@ def serve(topo, mode, opts: ServeOptions) -> dict:
 def _start_client(net, host: str, opts: ServeOptions, out: Path, ip: str,
                   model: str) -> tuple[subprocess.Popen, list[str]]:
     """Start the client command in ``host`` (registered like a role), output in out/."""
-    from testbed.workload.mooncake import MOONCAKE_TRACE, scale_trace
     from testbed.pdd.compute.text import TOKENIZER_DIR
+    from testbed.workload.mooncake import (MOONCAKE_DIVISOR, MOONCAKE_TRACE, scale_trace,
+                                         write_client_trace)
 
     trace = (out / "mooncake-slice.jsonl").resolve()
+    block = 512 // MOONCAKE_DIVISOR
     if opts.mooncake_rows:
         scale_trace(MOONCAKE_TRACE, trace, opts.mooncake_rows)
-    argv = client_argv(opts.command, ip, opts.port, out, model, TOKENIZER_DIR.resolve(), trace)
+    elif opts.workload is not None and opts.workload.mooncake is not None:
+        write_client_trace(opts.workload, trace, opts.workload_dir)
+        block = opts.workload.mooncake.scaled_block_tokens
+    argv = client_argv(opts.command, ip, opts.port, out, model, TOKENIZER_DIR.resolve(), trace,
+                       block)
     with open(out / "client.stdout", "wb") as so, open(out / "client.stderr", "wb") as se:
         proc = net.popen(host, argv, what="client command", stdout=so, stderr=se)
     print(f"testbed: running the client in {host}: {shlex.join(argv)}", flush=True)

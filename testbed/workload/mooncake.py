@@ -213,20 +213,45 @@ MOONCAKE_TRACE = Path(__file__).resolve().parents[2] / "scenarios" / "traces" / 
 MOONCAKE_DIVISOR = 32  # the mooncake-trace scenario's token_scale: 512-token blocks -> 16
 
 
+def write_client_trace(spec: WorkloadSpec, dst: Path, base_dir: str | Path = ".") -> int:
+    """A scenario's Mooncake workload as a Mooncake trace an external client replays
+    itself (AIPerf's ``--custom-dataset-type mooncake_trace --fixed-schedule``): the
+    rows ``load_mooncake`` keeps (window, sampling, limit), with the scenario's
+    scaling applied to the fields the client reads, so the client offers the load
+    the scenario's built-in replay offers: ``timestamp`` becomes the scenario's
+    arrival time in ms, ``(t / 1000 - start_s) * time_scale * 1000``;
+    ``input_length`` and ``output_length`` the scaled token counts
+    (``ceil(x / divisor)``, outputs at least 1); ``hash_ids`` unchanged (the client
+    rebuilds prompts with ``block_tokens / input_len_divisor``-token blocks, which
+    keeps the prefix structure). Returns the rows written; SpecError as
+    ``load_mooncake`` (the file names the scenario and the field)."""
+    mc = spec.mooncake
+    path = Path(mc.path) if Path(mc.path).is_absolute() else Path(base_dir) / mc.path
+    if not is_file(path):
+        raise SpecError(spec.file, error_path(spec, "path"), "an existing Mooncake trace file",
+                        str(path))
+    n = 0
+    with open(dst, "w") as fout:
+        for row in select_rows(read_trace(path, mc.block_tokens), mc):
+            fout.write(json.dumps({
+                "timestamp": round((row.timestamp_ms / 1000.0 - mc.start_s)
+                                   * mc.time_scale * 1000.0, 3),
+                "input_length": -(-row.input_length // mc.input_len_divisor),
+                "output_length": max(1, -(-row.output_length // mc.output_len_divisor)),
+                "hash_ids": list(row.hash_ids)}) + "\n")
+            n += 1
+    return n
+
+
 def scale_trace(src: Path, dst: Path, rows: int, divisor: int = MOONCAKE_DIVISOR) -> int:
     """The first ``rows`` rows of a Mooncake trace with ``input_length`` divided by
-    ``divisor`` (rounded up), hash ids, timestamps and outputs as they are: what
-    the ``mooncake-trace`` scenario replays (testbed/workload/mooncake.py),
-    for a client that rebuilds prompts from hash ids with 512 / ``divisor``-token
-    blocks (AIPerf: ``--isl-block-size 16``). Returns the rows written."""
-    n = 0
-    with open(src) as fin, open(dst, "w") as fout:
-        for line in fin:
-            if n == rows:
-                break
-            if line.strip():
-                row = json.loads(line)
-                row["input_length"] = -(-row["input_length"] // divisor)
-                fout.write(json.dumps(row) + "\n")
-                n += 1
-    return n
+    ``divisor`` (rounded up), hash ids and timestamps as they are, outputs as they
+    are (at least 1): the mooncake-trace scenario's token scaling without its
+    arrival stretch (``write_client_trace`` applies a scenario's own), for a client
+    that rebuilds prompts from hash ids with 512 / ``divisor``-token blocks (AIPerf:
+    ``--isl-block-size 16``). Returns the rows written."""
+    from testbed.workload.spec import WorkloadKind
+
+    spec = WorkloadSpec(WorkloadKind.MOONCAKE, "--mooncake-rows", "", mooncake=MooncakeSpec(
+        str(src), max_requests=rows, input_len_divisor=divisor))
+    return write_client_trace(spec, dst)

@@ -205,3 +205,37 @@ def test_the_runs_teardown_stops_a_running_exec_command(live_run):
     assert not t.is_alive() and "code" in result
     assert not naming_alive(pid)
     assert _attached() == []
+
+
+def test_serve_with_a_scenario_takes_its_deployment_and_load(tmp_path, monkeypatch):
+    """`testbed serve --scenario FILE`: the scenario's topology, the mode's pdd settings,
+    seed, and its workload for {trace}; conflicting or unknown choices fail before
+    anything is built, naming what is wrong."""
+    from testbed.scenario import serve as serve_mod
+    from testbed.spec.scenario import load_scenario
+
+    seen = {}
+    monkeypatch.setattr(serve_mod, "serve",
+                        lambda topo, mode, opts: seen.update(topo=topo, opts=opts)
+                        or {"checked": 0, "mismatched": []})
+    scen = "scenarios/mooncake-trace.yaml"
+    sc = load_scenario(scen)
+    args = ["serve", "--scenario", scen, "--mode", "pdd", "--out", str(tmp_path)]
+    assert cli.main(args + ["--", "c", "{trace}", "{block_tokens}"]) == 0
+    opts = seen["opts"]
+    assert seen["topo"] == sc.topology and opts.pdd == sc.modes[0].pdd != type(opts.pdd)()
+    assert (opts.workload, opts.seed, opts.command) == \
+        (sc.workload, sc.seed, ("c", "{trace}", "{block_tokens}"))
+    seen.clear()
+
+    def refused(argv: list[str], match: str) -> None:
+        with pytest.raises(TestbedError, match=match):
+            cli.cmd_serve(cli.parse_args(argv))
+        assert cli.main(argv) == 2 and seen == {}  # refused before serve was called
+
+    refused(["serve", "topologies/two-dc.yaml", *args[1:]], "not both")
+    refused(args + ["--mooncake-rows", "5"], "--mooncake-rows")
+    refused(["serve", "--scenario", scen, "--mode", "p-rld", "--out", str(tmp_path)],
+            r"mooncake-trace.yaml.*modes.*p-rld")
+    refused(["serve", "--mode", "pdd", "--out", str(tmp_path), "--", "c", "{trac}"],
+            r"unknown placeholder \{trac\}")

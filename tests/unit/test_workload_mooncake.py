@@ -178,3 +178,26 @@ def test_real_conversation_trace_first_2000():
     assert 0.25 <= st.hit_rate_token_weighted <= 0.34
     designed = sum(r.designed_hit_rate * r.input_len for r in wl.requests) / st.prompt_tokens
     assert st.hit_rate_token_weighted == pytest.approx(designed, abs=0.005)
+
+
+def test_a_client_trace_offers_what_the_built_in_replay_offers(tmp_path):
+    """write_client_trace (what `testbed serve --scenario` hands an external client) against
+    load_mooncake (what the runner replays), on the mooncake-trace scenario's own workload:
+    the same rows, arrival times in ms, scaled prompt and output lengths, hash ids."""
+    from testbed.spec.scenario import load_scenario
+    from testbed.workload.mooncake import write_client_trace
+
+    scen = Path(__file__).parents[2] / "scenarios" / "mooncake-trace.yaml"
+    sc = load_scenario(scen)
+    mc = sc.workload.mooncake
+    assert (mc.time_scale, mc.input_len_divisor) != (1.0, 1)  # the check below means something
+    n = write_client_trace(sc.workload, tmp_path / "t.jsonl", scen.parent)
+    rows = [json.loads(x) for x in (tmp_path / "t.jsonl").read_text().splitlines()]
+    reqs = build_workload(sc.workload, scen.parent).requests
+    assert n == len(rows) == len(reqs) == mc.max_requests
+    for row, req in zip(rows, reqs):
+        assert row["timestamp"] == pytest.approx(req.arrival_s * 1000.0, abs=1e-3)
+        assert (row["input_length"], row["output_length"]) == (len(req.prompt), req.output_len)
+        assert len(row["hash_ids"]) == -(-row["input_length"] // mc.scaled_block_tokens)
+    with pytest.raises(SpecError, match="path"):
+        write_client_trace(spec_of(tmp_path / "absent.jsonl"), tmp_path / "x.jsonl")
