@@ -214,7 +214,7 @@ def cmd_reproduce(args) -> int:
     doc = reproduce(Path(args.out), args.quick, run_fn, bench_fn,
                     Path(args.from_runs) if args.from_runs else None,
                     load_capacity_config(args.capacity), " ".join(["testbed"] + sys.argv[1:]),
-                    scale_sweep=args.scale_sweep)
+                    scale_sweep=args.scale_sweep, resume=args.resume)
     print(format_summary(doc))
     print(f"table: {Path(args.out) / 'reproduction.md'}")
     return 1 if any(r.get("error") for r in (doc.get("runs") or {}).values()) else 0
@@ -330,7 +330,8 @@ def cmd_serve(args) -> int:
     import time
     from pathlib import Path
 
-    from testbed.scenario.serve import ServeOptions, client_argv, serve
+    from testbed.pdd.run.client_command import client_argv
+    from testbed.scenario.serve import ServeOptions, serve
     from testbed.types import Mode
 
     out = Path(args.out) if args.out else Path("runs") / f"serve-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -472,6 +473,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--from-runs", metavar="DIR", help="build the table from DIR's run "
                    "directories (DIR/SLOT, DIR/handoff-bench.json); run nothing")
     p.add_argument("--capacity", metavar="YAML", help="claim 7's prices/chips (testbed capacity)")
+    p.add_argument("--resume", action="store_true", help="keep the slots an earlier run into "
+                   "--out finished (its reproduction.json) and run the rest")
     p.add_argument("--scale-sweep", action="store_true", help="also run the headline comparison "
                    "at k = 10, 25, 50, 100 and two token_scale values (scale invariance table)")
     _run_args(p, pcap_default=True)

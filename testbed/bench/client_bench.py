@@ -27,6 +27,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from testbed.pdd.run.client_command import client_argv
 from testbed.pdd.run.verify import gateway_stats
 from testbed.pdd.run.config import RUN_MODEL, ClusterConfig, one_of_each, parse_config
 from testbed.pdd.roles.gateway import DEFAULT_MODEL
@@ -55,12 +56,10 @@ def run(command: list[str], out: Path, mode: str,
     cfg = bench_config(mode)
     port, records_path = free_port(), out / "requests.jsonl"
     records_path.unlink(missing_ok=True)
-    url = f"http://127.0.0.1:{port}"
-    fill = {"url": url, "base_url": url + "/v1", "model": DEFAULT_MODEL,
-            "tokenizer": str(TOKENIZER_DIR), "trace": str(out / "mooncake-slice.jsonl")}
+    trace = out / "mooncake-slice.jsonl"
+    argv = client_argv(command, "127.0.0.1", port, out, DEFAULT_MODEL, TOKENIZER_DIR, trace)
     if mooncake_rows:
-        scale_trace(MOONCAKE_TRACE, Path(fill["trace"]), mooncake_rows)
-    argv = [a.format(**fill) for a in command]
+        scale_trace(MOONCAKE_TRACE, trace, mooncake_rows)
     with RoleProcesses(cfg, out) as procs:
         procs.start()
         procs.start_gateway("client", port, records_path)
@@ -81,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mooncake-rows", type=int, default=0,
                     help="write DIR/mooncake-slice.jsonl ({trace}): this many rows, scaled")
     ap.add_argument("command", nargs="+", help="-- COMMAND ARGS ({url}, {base_url}, "
-                    "{model}, {tokenizer}, {trace} are filled in)")
+                    "{model}, {tokenizer}, {out}, {trace}, {block_tokens} are filled in)")
     args = ap.parse_args(argv)
     code, stats = run(args.command, Path(args.out), args.mode, args.mooncake_rows)
     print(json.dumps({k: v for k, v in stats.items() if k != "command"}))

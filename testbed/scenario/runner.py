@@ -149,7 +149,7 @@ def verify_mode(mode_dir: Path, gateway: bool = False) -> dict:
     """Every request's tokens vs a plain single-process greedy decode of its
     prompt (after the network is down, so it does not steal the run's CPU);
     ``gateway``: also the gateway's figures (``gateway-stats.json``, what an external
-    client's TTFT is compared with)."""
+    client's TTFT is compared with), returned under ``gateway`` too."""
     from testbed.pdd.run.config import load_config
     from testbed.pdd.run.verify import gateway_stats, verify_records
 
@@ -162,8 +162,9 @@ def verify_mode(mode_dir: Path, gateway: bool = False) -> dict:
                           or (v.status == "completed" and not v.match)]}
     (mode_dir / "verify.json").write_text(json.dumps(out))
     if gateway:
-        (mode_dir / "gateway-stats.json").write_text(
-            json.dumps(gateway_stats(records, verdicts), indent=1) + "\n")
+        stats = gateway_stats(records, verdicts)
+        (mode_dir / "gateway-stats.json").write_text(json.dumps(stats, indent=1) + "\n")
+        return dict(out, gateway=stats)
     return out
 
 

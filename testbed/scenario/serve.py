@@ -14,10 +14,9 @@ roles and as the HTTP side saw them, to set beside an external client's).
 
 With a ``command`` (``testbed serve TOPOLOGY --mode M --out DIR -- COMMAND ...``)
 serve runs that one client command in the client host once the gateway
-answers (``client_argv`` fills in ``{url}``, ``{base_url}``, ``{model}``,
-``{tokenizer}``, ``{out}`` and, with ``mooncake_rows``, ``{trace}``: a
+answers (``testbed.pdd.run.client_command.client_argv`` fills in the
+gateway's ``{url}`` and the rest; with ``mooncake_rows``, ``{trace}`` is a
 slice of the shipped Mooncake trace scaled as client_bench scales it),
-``{block_tokens}`` (its tokens per hash id),
 With a scenario (``testbed serve --scenario FILE``) the roles run with the
 scenario's topology and ``pdd:`` settings for that mode, and ``{trace}`` is
 its Mooncake workload as the scenario replays it (``write_client_trace``:
@@ -57,6 +56,7 @@ from pathlib import Path
 
 from testbed.errors import EmulationError, TestbedError
 from testbed.net import naming
+from testbed.pdd.run.client_command import client_argv
 from testbed.report.clients import agreement, client_ttft
 
 GATEWAY_PORT = 8000
@@ -75,28 +75,6 @@ class ServeOptions:
     pdd: object = None  # PddSettings of the roles (a scenario's, with --scenario); None: defaults
     workload: object = None  # a scenario's WorkloadSpec: {trace} is its Mooncake workload
     workload_dir: Path = Path(".")  # the scenario's folder (its trace paths are relative to it)
-
-
-def client_argv(command: tuple[str, ...] | list[str], client_ip: str, port: int, out: Path,
-                model: str, tokenizer: Path, trace: Path, block_tokens: int = 16) -> list[str]:
-    """The client command with its placeholders filled in; an unknown ``{name}`` is an
-    error that names it (a literal brace is written ``{{`` / ``}}``). ``block_tokens``
-    (``{block_tokens}``): the tokens per hash id of ``{trace}`` (AIPerf's
-    ``--isl-block-size``). ``testbed serve`` calls it once with its arguments before
-    building anything, so a bad placeholder fails at once."""
-    url = f"http://{client_ip}:{port}"
-    fill = {"url": url, "base_url": url + "/v1", "model": model, "tokenizer": str(tokenizer),
-            "out": str(out), "trace": str(trace), "block_tokens": str(block_tokens)}
-    argv = []
-    for arg in command:
-        try:
-            argv.append(arg.format(**fill))
-        except KeyError as e:
-            raise TestbedError(f"serve: client command argument {arg!r}: unknown placeholder "
-                               f"{{{e.args[0]}}} (known: {', '.join(sorted(fill))})") from None
-        except (ValueError, IndexError) as e:
-            raise TestbedError(f"serve: client command argument {arg!r}: {e}") from None
-    return argv
 
 
 def find_host_shell(records: list[dict], host: str, prefix: str | None = None,
@@ -253,15 +231,14 @@ def serve(topo, mode, opts: ServeOptions) -> dict:
             roles.stop()
     events.close()
     result = verify_mode(out, gateway=True)
+    stats = result.pop("gateway")
     if user is not None:
-        stats_path = out / "gateway-stats.json"
-        stats = json.loads(stats_path.read_text())
         stats.update(command=user[1], client_exit=user[0].returncode)
         theirs = client_ttft(out)  # the client's own TTFT figures, when it wrote known ones
         stats["client_ttft"] = theirs
         if theirs:
             stats.update(agreement(stats, theirs))
-        stats_path.write_text(json.dumps(stats, indent=1) + "\n")
+        (out / "gateway-stats.json").write_text(json.dumps(stats, indent=1) + "\n")
         result["client_exit"] = user[0].returncode
     return result
 

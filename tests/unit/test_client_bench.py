@@ -85,7 +85,9 @@ def test_serves_verify_step_writes_the_gateway_figures(tmp_path):
     (tmp_path / "requests.jsonl").write_text(
         "".join(json.dumps(record(i, ids)) + "\n" for i, ids in enumerate([ref, bad])))
     out = verify_mode(tmp_path, gateway=True)
-    assert out == {"checked": 2, "mismatched": [1]}
     stats = json.loads((tmp_path / "gateway-stats.json").read_text())
+    assert out == {"checked": 2, "mismatched": [1], "gateway": stats}
+    assert json.loads((tmp_path / "verify.json").read_text()) == {"checked": 2,
+                                                                 "mismatched": [1]}
     assert (stats["completed"], stats["verified"], stats["mismatched"]) == (2, 1, [1])
     assert stats["ttft_s_p50"] == pytest.approx(0.15)

@@ -8,6 +8,7 @@ small enough that each figure can be worked out by hand.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -240,6 +241,30 @@ def test_bathtub_shape(tmp_path):
     bathtub_run(tmp_path / "b", {0.5: 0.4, 0.925: 0.7, 0.995: 1.0})
     c = claim_bathtub(runs_of(tmp_path / "b"), None)
     assert c.verdict == DIFFERS and "no valley" in c.reason
+    # an end only 5 points above the valley is within a bin's run-to-run spread
+    bathtub_run(tmp_path / "c", {0.5: 0.4, 0.925: 0.9, 0.995: 0.85})
+    c = claim_bathtub(runs_of(tmp_path / "c"), None)
+    assert [round(b) for _, b, _ in c.figures["points"]] == [60, 10, 15]
+    assert c.verdict == DIFFERS and "10 points" in c.reason
+
+
+def test_bathtub_bins_with_too_few_requests_do_not_count(tmp_path):
+    """The quick run's headline put 1 request in some bins: they are listed, not judged."""
+    def run(root: Path, bins) -> Path:
+        p, b = [], []
+        for j, (hit, t, n) in enumerate(bins):
+            p += [rec(10 * j + i, t, hit=hit) for i in range(n)]
+            b += [rec(10 * j + i, 1.0, hit=hit) for i in range(n)]
+        return write_run(root, "headline", {"pdd": ("pdd", {}, p, 10.0),
+                                            "cross-dc-pd": ("cross-dc-pd", {}, b, 10.0)})
+
+    run(tmp_path / "a", ((0.5, 0.4, 3), (0.925, 1.0, 1), (0.955, 0.9, 3), (0.995, 0.6, 3)))
+    c = claim_bathtub(runs_of(tmp_path / "a"), None)
+    assert "92.5%: +0% (n=1, not counted)" in c.measured
+    assert c.verdict == REPRODUCED and "lowest inside +10% at 95.5%" in c.reason
+    run(tmp_path / "b", ((0.5, 0.4, 3), (0.925, 1.0, 2), (0.995, 0.6, 3)))
+    c = claim_bathtub(runs_of(tmp_path / "b"), None)
+    assert c.verdict == NOT_HERE and "2 hit-rate bin(s) with >= 3 requests" in c.reason
 
 
 def test_bathtub_slot_pairs_modes(tmp_path):
@@ -337,6 +362,40 @@ def test_an_interrupted_reproduction_keeps_the_table_of_what_finished(tmp_path):
     doc = json.loads((tmp_path / "reproduction.json").read_text())
     assert doc["interrupted"] and doc["slots"] == ["headline"]
     assert doc["claims"][0]["verdict"] == REPRODUCED
+
+
+def test_resume_keeps_finished_slots_and_runs_the_rest(tmp_path):
+    """An interrupted reproduction, then --resume: the slot that finished (report written,
+    no error) is kept, the interrupted one and the rest run, the bench runs once."""
+    ran, benches = [], []
+
+    def run_fn(scenario: Path, out: Path, scale=None) -> None:
+        ran.append(out.name)
+        if out.name == "odd-traffic" and len(ran) == 2:
+            raise KeyboardInterrupt  # the first attempt stops here
+        if out.name == "headline":
+            shutil.rmtree(out, ignore_errors=True)  # a real run writes its folder afresh
+            headline(out.parent, prld_e2e_extra=0.2)
+        out.mkdir(exist_ok=True)
+        (out / "summary.json").write_text("{}")  # what a finished run's report leaves
+
+    def bench_fn(n):
+        benches.append(n)
+        return bench()
+
+    with pytest.raises(KeyboardInterrupt):
+        reproduce(tmp_path, True, run_fn, bench_fn)
+    assert ran == ["headline", "odd-traffic"] and benches == []
+    doc = reproduce(tmp_path, True, run_fn, bench_fn, resume=True)
+    assert ran == ["headline", "odd-traffic", "odd-traffic", "handoff"] and benches == [10]
+    assert doc["runs"]["headline"]["resumed"] and "resumed" not in doc["runs"]["handoff"]
+    assert doc["slots_wall_s"] == pytest.approx(sum(e["wall_s"] for e in doc["runs"].values()))
+    assert "1 slots kept from an earlier run" in (tmp_path / "reproduction.md").read_text()
+    # a third run keeps everything, the bench included; without --resume all runs again
+    reproduce(tmp_path, True, run_fn, bench_fn, resume=True)
+    assert ran[4:] == [] and benches == [10]
+    reproduce(tmp_path, True, run_fn, bench_fn)
+    assert ran[4:] == [s.name for s in QUICK] and benches == [10, 10]
 
 
 def test_reproduce_needs_a_runner_or_runs(tmp_path):

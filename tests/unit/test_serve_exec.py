@@ -126,16 +126,17 @@ def test_serve_takes_a_client_command_after_its_lone_dashdash():
 
 
 def test_the_client_command_gets_the_live_deployments_addresses(tmp_path):
-    from testbed.scenario.serve import client_argv
+    from testbed.pdd.run.client_command import client_argv
 
     argv = client_argv(["aiperf", "--url", "{url}", "--base={base_url}", "-m", "{model}",
                         "--tokenizer", "{tokenizer}", "--input-file", "{trace}",
+                        "--isl-block-size", "{block_tokens}",
                         "--artifact-dir", "{out}/aiperf", "{{literal}}"],
-                       "10.0.0.5", 8000, tmp_path, "pdd-tiny", Path("/tok"), Path("/t.jsonl"))
+                       "10.0.0.5", 8000, tmp_path, "pdd-tiny", Path("/tok"), Path("/t.jsonl"), 8)
     assert argv == ["aiperf", "--url", "http://10.0.0.5:8000",
                     "--base=http://10.0.0.5:8000/v1", "-m", "pdd-tiny", "--tokenizer", "/tok",
-                    "--input-file", "/t.jsonl", "--artifact-dir", f"{tmp_path}/aiperf",
-                    "{literal}"]
+                    "--input-file", "/t.jsonl", "--isl-block-size", "8",
+                    "--artifact-dir", f"{tmp_path}/aiperf", "{literal}"]
     with pytest.raises(TestbedError, match=r"'\{urll\}'.*unknown placeholder \{urll\}"):
         client_argv(["{urll}"], "10.0.0.5", 8000, tmp_path, "m", Path("/t"), Path("/t"))
     with pytest.raises(TestbedError, match="client command argument"):
