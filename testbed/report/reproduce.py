@@ -234,10 +234,17 @@ def render_md(table: dict, meta: Mapping) -> str:
             c["reason"], _cond(c))) + " |")
     lines += ["", "Counts: " + ", ".join(f"{v} {k}" for k, v in sorted(table["counts"].items())),
               ""]
-    if meta.get("runs"):
-        lines += ["## Runs", "", "| slot | scenario | claims | wall s | error |",
-                  "|---|---|---|---|---|"]
-        for name, r in meta["runs"].items():
+    src = meta.get("source") or {}
+    runs = meta.get("runs") or src.get("runs")
+    if runs:
+        lines += ["## Runs", ""]
+        if src:
+            lines += [f"The runs were made by `{src.get('command')}` (wall time "
+                      f"{src.get('wall_s')} s; started {src.get('started_wall')}"
+                      f"{', interrupted' if src.get('interrupted') else ''}); this table "
+                      "was rebuilt from their run directories.", ""]
+        lines += ["| slot | scenario | claims | wall s | error |", "|---|---|---|---|---|"]
+        for name, r in runs.items():
             wall = f"{r['wall_s']}{' (kept)' if r.get('resumed') else ''}"
             lines.append(f"| {name} | {r['scenario']} | {r['claims']} | {wall} | "
                          f"{cell(r['error'] or '-')} |")
@@ -335,10 +342,29 @@ def reproduce(out: Path, quick: bool, run_fn: RunFn | None, bench_fn: BenchFn | 
             write_outputs(out, build_table(out, capacity), meta)
             raise
         meta["slots_wall_s"] = _slots_wall(meta["runs"])
+    else:
+        meta["source"] = _source_of(from_runs)
     table = build_table(from_runs or out, capacity)
     meta["wall_s"] = round(time.monotonic() - t0, 1)
     write_outputs(out, table, meta)
     return {**meta, **table}
+
+
+def _source_of(run_dir: Path) -> dict | None:
+    """What the reproduction that made ``run_dir`` recorded (its command, wall times,
+    runs), for a table rebuilt from it; None when it has no readable record."""
+    try:
+        src = json.loads((run_dir / JSON_FILE).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    if not isinstance(src, dict):
+        return None
+    if src.get("source"):  # rebuilt from a rebuild: the runs' own record
+        return src["source"]
+    if not isinstance(src.get("runs"), dict):
+        return None
+    return {k: src.get(k) for k in ("command", "quick", "started_wall", "wall_s",
+                                    "slots_wall_s", "interrupted", "runs")}
 
 
 def _slots_wall(runs: Mapping) -> float:

@@ -396,6 +396,13 @@ def test_resume_keeps_finished_slots_and_runs_the_rest(tmp_path):
     assert ran[4:] == [] and benches == [10]
     reproduce(tmp_path, True, run_fn, bench_fn)
     assert ran[4:] == [s.name for s in QUICK] and benches == [10, 10]
+    # a table rebuilt from these runs (elsewhere, then twice in place) keeps their record
+    for src, dst in ((tmp_path, tmp_path / "t1"), (tmp_path, tmp_path), (tmp_path, tmp_path)):
+        doc = reproduce(dst, True, None, None, from_runs=src)
+        assert doc["source"]["command"] == "testbed reproduce" and "runs" not in doc
+        assert set(doc["source"]["runs"]) == {s.name for s in QUICK} | {"handoff-bench"}
+        md = (dst / "reproduction.md").read_text()
+        assert "The runs were made by `testbed reproduce`" in md and "| odd-traffic |" in md
 
 
 def test_reproduce_needs_a_runner_or_runs(tmp_path):
