@@ -12,6 +12,7 @@ import argparse
 import json
 import logging
 import sys
+from contextlib import contextmanager
 
 from testbed.errors import SpecError, TestbedError
 
@@ -109,6 +110,41 @@ def cmd_calibrate(args) -> int:
     return 0 if out["passed"] else 1
 
 
+LOCK_FILE = ".testbed-lock"
+
+
+@contextmanager
+def out_dir_lock(out, what: str):
+    """Hold an exclusive lock on the folder a command writes (``out/.testbed-lock``,
+    flock: released when the process ends, however it ends), so two commands never
+    write one run folder at once (two reproductions into one folder interleaved their
+    links.csv rows: 2026-12-02). A second command gets a TestbedError naming the folder
+    and the holder. The file stays (it holds no state once unlocked)."""
+    import fcntl
+    import os
+    from pathlib import Path
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    fh = open(out / LOCK_FILE, "a+")
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        fh.seek(0)
+        holder = fh.read().strip() or "unknown"
+        fh.close()
+        raise TestbedError(f"{out}: another command is writing this folder ({holder}); wait "
+                           "for it to end or pick another --out") from None
+    try:
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"pid {os.getpid()}: {what}\n")
+        fh.flush()
+        yield
+    finally:
+        fh.close()
+
+
 def _run_options(args, out, dry_run: bool = False):
     from testbed.scenario.runner import RunOptions
 
@@ -133,7 +169,8 @@ def cmd_run(args) -> int:
 
         print(describe(sc, opts))
         return 0
-    summary = run_scenario(sc, opts)
+    with out_dir_lock(out, "testbed run " + args.scenario):
+        summary = run_scenario(sc, opts)
     from testbed.report.summary import summary_table
 
     print(summary_table(summary))
@@ -151,8 +188,9 @@ def cmd_suite(args) -> int:
 
     scenarios, skipped = select(load_all(collect_paths(args.paths)), args.only, args.skip)
     out = Path(args.out) if args.out else Path("runs") / f"suite-{time.strftime('%Y%m%d-%H%M%S')}"
-    suite = run_suite(scenarios, _run_options(args, out), runner.run_scenario,
-                      Path(args.junit) if args.junit else None, skipped)
+    with out_dir_lock(out, "testbed suite"):
+        suite = run_suite(scenarios, _run_options(args, out), runner.run_scenario,
+                          Path(args.junit) if args.junit else None, skipped)
     print(suite_overview(suite))
     print(f"suite: {out / 'suite.md'}" + (f", {args.junit}" if args.junit else ""))
     if suite.interrupted:
@@ -211,10 +249,12 @@ def cmd_reproduce(args) -> int:
         def bench_fn(trials: int) -> dict:
             return run_handoff_bench(load_topology(DEFAULT_TOPOLOGY), _backend(args.backend),
                                      args.scale, trials)
-    doc = reproduce(Path(args.out), args.quick, run_fn, bench_fn,
-                    Path(args.from_runs) if args.from_runs else None,
-                    load_capacity_config(args.capacity), " ".join(["testbed"] + sys.argv[1:]),
-                    scale_sweep=args.scale_sweep, resume=args.resume)
+    with out_dir_lock(args.out, "testbed reproduce"):
+        doc = reproduce(Path(args.out), args.quick, run_fn, bench_fn,
+                        Path(args.from_runs) if args.from_runs else None,
+                        load_capacity_config(args.capacity),
+                        " ".join(["testbed"] + sys.argv[1:]),
+                        scale_sweep=args.scale_sweep, resume=args.resume)
     print(format_summary(doc))
     print(f"table: {Path(args.out) / 'reproduction.md'}")
     return 1 if any(r.get("error") for r in (doc.get("runs") or {}).values()) else 0
@@ -365,7 +405,8 @@ def cmd_serve(args) -> int:
                         scale, 1 if seed is None else seed, args.ready_timeout_s,
                         tuple(args.client_command), args.mooncake_rows, pdd, workload,
                         workload_dir)
-    result = serve(topo, Mode(args.mode), opts)
+    with out_dir_lock(out, "testbed serve"):
+        result = serve(topo, Mode(args.mode), opts)
     print(f"testbed: stopped; {result['checked']} requests verified against greedy decode, "
           f"{len(result['mismatched'])} mismatched; records in {out / 'requests.jsonl'}")
     if result["mismatched"]:

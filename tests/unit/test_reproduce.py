@@ -462,3 +462,19 @@ def test_the_sweep_runs_each_slot_at_its_k(tmp_path):
     run_slots(SWEEP, tmp_path, run_fn, None, 0)
     assert seen == [(f"scale-k{k}", float(k), "scale-sweep.yaml") for k in (10, 25, 50, 100)]
     assert load_scenario(REPO / SWEEP[0].scenario).name == "scale-sweep"
+
+
+def test_two_commands_never_write_one_folder(tmp_path, capsys):
+    """A second reproduce (run, suite, serve: the same lock) into a folder another holds
+    is refused with the folder and the holder named; once released it runs."""
+    from testbed.cli import LOCK_FILE, out_dir_lock
+
+    src, out = full_dir(tmp_path / "runs"), tmp_path / "out"
+    argv = ["reproduce", "--from-runs", str(src), "--out", str(out)]
+    with out_dir_lock(out, "testbed reproduce --out out"):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert f"{out}: another command is writing this folder" in err
+        assert "testbed reproduce --out out" in err and not (out / "reproduction.md").exists()
+    assert main(argv) == 0 and (out / "reproduction.md").is_file()
+    assert (out / LOCK_FILE).read_text().startswith("pid ")
