@@ -27,6 +27,7 @@ Example::
 from __future__ import annotations
 
 import json
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -133,6 +134,8 @@ def run_slots(slots: tuple[Slot, ...], out: Path, run_fn: RunFn,
             run_fn(REPO / slot.scenario, out / slot.name, slot.scale)
         except TestbedError as e:
             entry["error"] = f"{type(e).__name__}: {e}"
+            print(f"testbed: reproduce: slot {slot.name} failed ({entry['error']}); its claims "
+                  "will say so; going on", file=sys.stderr, flush=True)
         entry["wall_s"] = round(time.monotonic() - t0, 1)
         log[slot.name] = entry
     if bench_fn is not None and "handoff-bench" in done:

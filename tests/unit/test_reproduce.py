@@ -336,7 +336,7 @@ def test_cli_from_runs_writes_the_table(tmp_path, capsys):
     assert "TTFT vs cross-DC PD" in capsys.readouterr().out
 
 
-def test_run_slots_records_a_failed_run_and_goes_on(tmp_path):
+def test_run_slots_records_a_failed_run_and_goes_on(tmp_path, capsys):
     ran = []
 
     def run_fn(scenario: Path, out: Path, scale=None) -> None:
@@ -347,6 +347,8 @@ def test_run_slots_records_a_failed_run_and_goes_on(tmp_path):
     log = run_slots(QUICK, tmp_path, run_fn, lambda n: bench(), 10)
     assert ran == [s.name for s in QUICK]
     assert "WAN did not come up" in log["odd-traffic"]["error"]
+    assert "slot odd-traffic failed (EmulationError: WAN did not come up)" in \
+        capsys.readouterr().err
     assert log["headline"]["error"] is None
     assert json.loads((tmp_path / BENCH_FILE).read_text())["incremental_kv"]["n"] == 10
 
