@@ -3,7 +3,7 @@
 Exit codes: 0 success; 1 a check or expectation failed (calibrate out of
 tolerance, a fuzzed reader raised something other than SpecError); 2 bad
 input (SpecError), a failed emulation, or missing privileges/tools; 130
-interrupted.
+interrupted (Ctrl-C); 143 terminated (SIGTERM/SIGHUP; teardown ran).
 """
 
 from __future__ import annotations
@@ -638,6 +638,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("testbed: interrupted; the network was torn down", file=sys.stderr)
         return 130
+    except Exception as e:  # SIGTERM/SIGHUP arrive as net.apply.Terminated
+        from testbed.net.apply import Terminated
+
+        if not isinstance(e, Terminated):
+            raise
+        print(f"testbed: terminated ({e}); the network was torn down", file=sys.stderr)
+        return 143
 
 
 if __name__ == "__main__":

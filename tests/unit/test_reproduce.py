@@ -480,3 +480,19 @@ def test_two_commands_never_write_one_folder(tmp_path, capsys):
         assert "testbed reproduce --out out" in err and not (out / "reproduction.md").exists()
     assert main(argv) == 0 and (out / "reproduction.md").is_file()
     assert (out / LOCK_FILE).read_text().startswith("pid ")
+
+
+def test_sigterm_ends_a_reproduction_with_143_and_its_partial_table(tmp_path, monkeypatch, capsys):
+    """SIGTERM reaches the runner as net.apply.Terminated: the table of what finished is
+    written (interrupted), and the command says so and exits 143, not with a traceback."""
+    from testbed.net.apply import Terminated
+    from testbed.report import reproduce as rep
+
+    def stop(*a, **k):
+        raise Terminated("signal 15")
+
+    monkeypatch.setattr(rep, "run_slots", stop)
+    monkeypatch.setattr("testbed.scenario.runner.run_scenario", stop)
+    assert main(["reproduce", "--quick", "--out", str(tmp_path)]) == 143
+    assert "terminated (signal 15)" in capsys.readouterr().err
+    assert json.loads((tmp_path / "reproduction.json").read_text())["interrupted"] is True
