@@ -16,13 +16,12 @@ With a ``command`` (``testbed serve TOPOLOGY --mode M --out DIR -- COMMAND ...``
 serve runs that one client command in the client host once the gateway
 answers (``testbed.pdd.run.client_command.client_argv`` fills in the
 gateway's ``{url}`` and the rest; with ``mooncake_rows``, ``{trace}`` is a
-slice of the shipped Mooncake trace scaled as client_bench scales it),
+slice of the shipped Mooncake trace scaled as client_bench scales it).
 With a scenario (``testbed serve --scenario FILE``) the roles run with the
 scenario's topology and ``pdd:`` settings for that mode, and ``{trace}`` is
 its Mooncake workload as the scenario replays it (``write_client_trace``:
 its rows, token scaling and arrival stretch), so an external client meets
-the deployment and load of that scenario. Serve
-keeps its output in ``client.stdout`` / ``client.stderr``, stops when it
+the deployment and load of that scenario. Serve keeps its output in ``client.stdout`` / ``client.stderr``, stops when it
 ends and records its exit code and argv in ``gateway-stats.json``: one
 command from network up to verified records.
 

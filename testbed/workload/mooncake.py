@@ -48,7 +48,7 @@ from testbed.errors import SpecError
 from testbed.reader import is_file
 from testbed.strict import finite, parse_json
 from testbed.workload.records import Request
-from testbed.workload.spec import MooncakeSpec, WorkloadSpec, error_path
+from testbed.workload.spec import MooncakeSpec, WorkloadKind, WorkloadSpec, error_path
 from testbed.workload.tokens import MAX_HASH_ID, as_prompt, hashed_tokens
 
 TRACE_FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
@@ -193,15 +193,25 @@ def _request(i: int, row: TraceRow, spec: MooncakeSpec, trie: _HashTrie) -> Requ
         designed_hit_rate=hit / n_in)
 
 
+def trace_path(spec: WorkloadSpec, base_dir: str | Path, missing_ok: bool = False) -> Path | None:
+    """The trace file of spec.mooncake (relative paths against ``base_dir``); None when
+    it is absent and ``missing_ok``, else a SpecError naming the workload's path field."""
+    mc = spec.mooncake
+    path = Path(mc.path) if Path(mc.path).is_absolute() else Path(base_dir) / mc.path
+    if is_file(path):
+        return path
+    if missing_ok:
+        return None
+    raise SpecError(spec.file, error_path(spec, "path"), "an existing Mooncake trace file",
+                    str(path))
+
+
 def load_mooncake(spec: WorkloadSpec, base_dir: str | Path = ".") -> tuple[Request, ...]:
     """Requests of the trace named by spec.mooncake; () if it is absent and missing_ok."""
     mc = spec.mooncake
-    path = Path(mc.path) if Path(mc.path).is_absolute() else Path(base_dir) / mc.path
-    if not is_file(path):
-        if mc.missing_ok:
-            return ()
-        raise SpecError(spec.file, error_path(spec, "path"), "an existing Mooncake trace "
-                        "file (or missing_ok: true)", str(path))
+    path = trace_path(spec, base_dir, mc.missing_ok)
+    if path is None:
+        return ()
     trie = _HashTrie()
     rows = select_rows(read_trace(path, mc.block_tokens), mc)
     return tuple(_request(i, row, mc, trie) for i, row in enumerate(rows))
@@ -225,11 +235,7 @@ def write_client_trace(spec: WorkloadSpec, dst: Path, base_dir: str | Path = "."
     rebuilds prompts with ``block_tokens / input_len_divisor``-token blocks, which
     keeps the prefix structure). Returns the rows written; SpecError as
     ``load_mooncake`` (the file names the scenario and the field)."""
-    mc = spec.mooncake
-    path = Path(mc.path) if Path(mc.path).is_absolute() else Path(base_dir) / mc.path
-    if not is_file(path):
-        raise SpecError(spec.file, error_path(spec, "path"), "an existing Mooncake trace file",
-                        str(path))
+    mc, path = spec.mooncake, trace_path(spec, base_dir)
     n = 0
     with open(dst, "w") as fout:
         for row in select_rows(read_trace(path, mc.block_tokens), mc):
@@ -250,8 +256,6 @@ def scale_trace(src: Path, dst: Path, rows: int, divisor: int = MOONCAKE_DIVISOR
     arrival stretch (``write_client_trace`` applies a scenario's own), for a client
     that rebuilds prompts from hash ids with 512 / ``divisor``-token blocks (AIPerf:
     ``--isl-block-size 16``). Returns the rows written."""
-    from testbed.workload.spec import WorkloadKind
-
     spec = WorkloadSpec(WorkloadKind.MOONCAKE, "--mooncake-rows", "", mooncake=MooncakeSpec(
         str(src), max_requests=rows, input_len_divisor=divisor))
     return write_client_trace(spec, dst)
