@@ -14,6 +14,13 @@ shapes:
     {name: ttft-halved, metric: ttft_p90_s, mode: pdd, baseline: cross-dc-pd,
      max_ratio: 0.6}                # and/or min_ratio
 
+- the same shape with a paired metric (``PAIRED_METRICS``): the value is
+  already a ratio over the same requests in both modes, and the bound
+  applies to it::
+
+    {name: p-md not slower, metric: paired_ttft_ratio_p50, mode: pdd,
+     baseline: cross-dc-pd, max_ratio: 1.1}
+
 A null metric (e.g. no completed request) or a zero baseline fails, and
 the bound text says why. A malformed expectation, an unknown metric or a
 mode that did not run raises ExpectationError naming the expectation:
@@ -21,7 +28,7 @@ that is a broken scenario, not a failed run.
 
 Example::
 
-    evaluate(resolved["expectations"], summary["modes"])
+    evaluate(resolved["expectations"], summary["modes"], paired)
     # [{"name": "ttft-halved", "passed": True, "value": 0.48,
     #   "bound": "ttft_p90_s pdd / cross-dc-pd <= 0.6 (1.2 / 2.5)"}]
 """
@@ -32,7 +39,7 @@ import operator
 from typing import Callable, Mapping, Sequence
 
 from testbed.errors import TestbedError
-from testbed.report.metrics import MODE_METRICS, metric_value, ratio
+from testbed.report.metrics import MODE_METRICS, PAIRED_METRICS, metric_value, ratio
 
 OPS: dict[str, Callable[[float, float], bool]] = {
     "==": operator.eq, "<=": operator.le, "<": operator.lt, ">=": operator.ge, ">": operator.gt}
@@ -49,12 +56,19 @@ class ExpectationError(TestbedError):
         super().__init__(f"expectation {index} ({name!r}): {problem}")
 
 
-def evaluate(expectations: Sequence[Mapping], modes: Mapping[str, Mapping]) -> list[dict]:
-    """[{name, passed, value, bound}] for each expectation, in order."""
-    return [_evaluate_one(i, e, modes) for i, e in enumerate(expectations)]
+Paired = Mapping[tuple[str, str], Mapping]
 
 
-def _evaluate_one(index: int, exp: Mapping, modes: Mapping[str, Mapping]) -> dict:
+def evaluate(expectations: Sequence[Mapping], modes: Mapping[str, Mapping],
+             paired: Paired | None = None) -> list[dict]:
+    """[{name, passed, value, bound}] for each expectation, in order. ``paired`` maps
+    (mode, baseline) to that pair's ``metrics.paired_metrics``; an expectation on a paired
+    metric of a pair it lacks raises ExpectationError."""
+    return [_evaluate_one(i, e, modes, paired or {}) for i, e in enumerate(expectations)]
+
+
+def _evaluate_one(index: int, exp: Mapping, modes: Mapping[str, Mapping],
+                  paired: Paired) -> dict:
     if not isinstance(exp, Mapping):
         raise ExpectationError(index, None, f"expected a mapping, got {exp!r}")
     name = exp.get("name")
@@ -63,15 +77,23 @@ def _evaluate_one(index: int, exp: Mapping, modes: Mapping[str, Mapping]) -> dic
     is_ratio = "baseline" in exp
     _check_keys(index, exp, RATIO_KEYS if is_ratio else BOUND_KEYS)
     metric = exp.get("metric")
-    if metric not in MODE_METRICS:
+    known = MODE_METRICS + PAIRED_METRICS if is_ratio else MODE_METRICS
+    if metric not in known:
         raise ExpectationError(index, name, f"unknown metric {metric!r}; known: "
-                               + ", ".join(MODE_METRICS))
+                               + ", ".join(known))
     for key in ("mode", "baseline") if is_ratio else ("mode",):
         if exp.get(key) not in modes:
             raise ExpectationError(index, name, f"{key} {exp.get(key)!r} did not run; modes: "
                                    + ", ".join(modes))
-    check = _ratio_check if is_ratio else _bound_check
-    passed, value, bound = check(index, exp, modes)
+    if metric in PAIRED_METRICS:
+        pair = paired.get((exp["mode"], exp["baseline"]))
+        if pair is None:
+            raise ExpectationError(index, name, f"no paired metrics for {exp['mode']} vs "
+                                   f"{exp['baseline']}")
+        passed, value, bound = _paired_check(index, exp, pair)
+    else:
+        check = _ratio_check if is_ratio else _bound_check
+        passed, value, bound = check(index, exp, modes)
     return {"name": name, "passed": passed, "value": value, "bound": bound}
 
 
@@ -104,9 +126,7 @@ def _bound_check(index: int, exp: Mapping, modes: Mapping) -> tuple[bool, object
 
 
 def _ratio_check(index: int, exp: Mapping, modes: Mapping) -> tuple[bool, object, str]:
-    limits = [(k, _number(index, exp, k)) for k in ("min_ratio", "max_ratio") if k in exp]
-    if not limits:
-        raise ExpectationError(index, exp["name"], "a comparison needs max_ratio or min_ratio")
+    limits = _limits(index, exp)
     metric, mode, base = exp["metric"], exp["mode"], exp["baseline"]
     v, b = metric_value(modes[mode], metric), metric_value(modes[base], metric)
     r = ratio(v, b)
@@ -118,6 +138,26 @@ def _ratio_check(index: int, exp: Mapping, modes: Mapping) -> tuple[bool, object
         return False, None, f"{bound} ({why}: {_fmt(v)} / {_fmt(b)})"
     ok = all(r >= x if k == "min_ratio" else r <= x for k, x in limits)
     return ok, r, f"{bound} ({_fmt(v)} / {_fmt(b)})"
+
+
+def _limits(index: int, exp: Mapping) -> list[tuple[str, float]]:
+    limits = [(k, _number(index, exp, k)) for k in ("min_ratio", "max_ratio") if k in exp]
+    if not limits:
+        raise ExpectationError(index, exp["name"], "a comparison needs max_ratio or min_ratio")
+    return limits
+
+
+def _paired_check(index: int, exp: Mapping, pair: Mapping) -> tuple[bool, object, str]:
+    limits = _limits(index, exp)
+    metric, mode, base = exp["metric"], exp["mode"], exp["baseline"]
+    r, n = pair.get(metric), pair.get("n", 0)
+    wanted = " and ".join(f"{'>=' if k == 'min_ratio' else '<='} {x:g}" for k, x in limits)
+    bound = f"{metric} {mode} vs {base} {wanted}"
+    if r is None:
+        return False, None, f"{bound} (no request to pair: none completed in both " \
+                            f"without a relay)"
+    ok = all(r >= x if k == "min_ratio" else r <= x for k, x in limits)
+    return ok, r, f"{bound} (median of {n} per-request ratios)"
 
 
 def _fmt(v: float | None) -> str:

@@ -151,6 +151,14 @@ def _comparisons(summary: dict) -> list[str]:
         out.append(f"| {c['metric']} | `{c['mode']}` | `{c['baseline']}` | "
                    f"{fmt(c['metric'], c['value'])} | {fmt(c['metric'], c['baseline_value'])} | "
                    f"{r} | {pct(c['change_pct'])} |")
+    paired = [p for p in summary.get("paired", ()) if p["n"]]
+    if paired:
+        out += ["", "Paired over the same requests (those the mode did not relay, completed in "
+                "both): the median of each request's TTFT in the mode over its TTFT in the "
+                "baseline.", "",
+                "| mode | baseline | requests | TTFT ratio p50 |", "|---|---|---:|---:|"]
+        out += [f"| `{p['mode']}` | `{p['baseline']}` | {p['n']} | "
+                f"{p['paired_ttft_ratio_p50']:.3g} |" for p in paired]
     return out + [""]
 
 

@@ -21,7 +21,8 @@ from __future__ import annotations
 import json
 
 from testbed.report.expectations import evaluate
-from testbed.report.metrics import DEFAULT_COMPARED, Sla, compare, mode_metrics
+from testbed.report.metrics import (DEFAULT_COMPARED, PAIRED_METRICS, Sla, compare,
+                                    mode_metrics, paired_metrics)
 from testbed.report.rundir import RunData
 
 BASELINE_MODE = "cross-dc-pd"
@@ -47,7 +48,7 @@ def comparison_plan(run: RunData) -> tuple[list[str], list[tuple[str, str]]]:
             continue
         if (e["mode"], e["baseline"]) not in pairs:
             pairs.append((e["mode"], e["baseline"]))
-        if e["metric"] not in metrics:
+        if e["metric"] not in metrics and e["metric"] not in PAIRED_METRICS:
             metrics.append(e["metric"])
     return metrics, pairs
 
@@ -91,14 +92,18 @@ def summarize(run: RunData) -> dict:
     for name, m in modes.items():  # nominal bytes are counts
         m["wan_bytes"], m["intra_dc_bytes"] = round(m["wan_bytes"]), round(m["intra_dc_bytes"])
         m.update(verification(run, name))
-    results = evaluate(run.resolved.get("expectations") or [], modes)
     metrics, pairs = comparison_plan(run)
+    records = {m.name: m.requests for m in run.modes}
+    paired = {(a, b): paired_metrics(records[a], records[b]) for a, b in pairs
+              if a in records and b in records}
+    results = evaluate(run.resolved.get("expectations") or [], modes, paired)
     return {
         "scenario": run.metadata.get("scenario") or run.resolved.get("name") or run.path.name,
         "backend": run.metadata.get("backend"),
         "scale": run.scale,
         "modes": modes,
         "comparisons": compare(modes, metrics, pairs),
+        "paired": [{"mode": a, "baseline": b, **p} for (a, b), p in paired.items()],
         "expectations": results,
         "passed": all(r["passed"] for r in results) and all(map(tokens_intact, modes.values())),
         "failures": failures(modes, results),

@@ -34,6 +34,8 @@ METRICS = ("requests_total", "requests_completed", "requests_failed", "tokens_lo
            "e2e_p99_s", "goodput_rps", "handoff_stall_p99_ms", "wan_bytes", "intra_dc_bytes",
            "rld_token_share", "relayed_share", "kv_prediction_error_p50",
            "kv_prediction_error_p90", "wan_rate_max_over_shaper")
+# A (mode, baseline) pair's metrics over the same requests; only a comparison bounds them.
+PAIRED_METRICS = ("paired_ttft_ratio_p50",)
 OPS = ("==", "<=", "<", ">=", ">")
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 
@@ -143,9 +145,10 @@ def _parse_pdd(f: Fields | None, d: PddSettings = PddSettings()) -> PddSettings:
 
 def _parse_expectation(f: Fields, modes: tuple[str, ...]) -> Expectation:
     name = f.str("name")
-    metric = f.choice("metric", METRICS)
+    is_ratio = f.has("baseline")
+    metric = f.choice("metric", METRICS + PAIRED_METRICS if is_ratio else METRICS)
     mode = f.choice("mode", modes)
-    if f.has("baseline"):
+    if is_ratio:
         base = f.choice("baseline", tuple(m for m in modes if m != mode))
         mx = f.num("max_ratio", None, lo=0)
         mn = f.num("min_ratio", None, lo=0)

@@ -90,3 +90,30 @@ def test_a_broken_expectation_is_an_error_naming_it(exp, message):
 def test_an_expectation_needs_a_name():
     with pytest.raises(ExpectationError, match="has no name"):
         evaluate([{"mode": "pdd", "metric": "tokens_lost", "op": "==", "value": 0}], MODES)
+
+
+PAIRED_EXP = {"name": "p-md not slower", "metric": "paired_ttft_ratio_p50", "mode": "pdd",
+              "baseline": "cross-dc-pd", "max_ratio": 1.1}
+
+
+@pytest.mark.parametrize("value, passed", [(1.0, True), (1.1, True), (1.2, False)])
+def test_a_paired_metric_is_bounded_as_the_ratio_it_already_is(value, passed):
+    paired = {("pdd", "cross-dc-pd"): {"paired_ttft_ratio_p50": value, "n": 18}}
+    [r] = evaluate([PAIRED_EXP], MODES, paired)
+    assert r == {"name": "p-md not slower", "passed": passed, "value": value,
+                 "bound": "paired_ttft_ratio_p50 pdd vs cross-dc-pd <= 1.1 "
+                          "(median of 18 per-request ratios)"}
+
+
+def test_a_paired_metric_with_no_pair_fails_and_says_why():
+    paired = {("pdd", "cross-dc-pd"): {"paired_ttft_ratio_p50": None, "n": 0}}
+    [r] = evaluate([PAIRED_EXP], MODES, paired)
+    assert not r["passed"] and r["value"] is None and "no request to pair" in r["bound"]
+
+
+def test_a_paired_metric_needs_its_pair_and_a_baseline():
+    with pytest.raises(ExpectationError, match="no paired metrics for pdd vs cross-dc-pd"):
+        evaluate([PAIRED_EXP], MODES)
+    single = {k: v for k, v in PAIRED_EXP.items() if k not in ("baseline", "max_ratio")}
+    with pytest.raises(ExpectationError, match="unknown metric 'paired_ttft_ratio_p50'"):
+        evaluate([{**single, "op": "<=", "value": 1.1}], MODES)

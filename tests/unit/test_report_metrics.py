@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from testbed.report.metrics import (MODE_KEYS, Sla, compare, link_bytes, metric_value,
-                                    mode_metrics, percentile, producer_of, tpot_ms,
-                                    workload_window)
+                                    mode_metrics, paired_metrics, paired_ttft_ratios, percentile,
+                                    producer_of, tpot_ms, workload_window)
 from testbed.report.rundir import LinkSample
 
 EVENTS = [{"t_mono": 100.0, "kind": "workload_start"}, {"t_mono": 103.0, "kind": "fault_start"},
@@ -181,3 +181,35 @@ def test_high_hit_ttft_p50_is_over_completed_requests_designed_at_least_90_pct()
 
 def test_high_hit_ttft_is_null_for_a_workload_that_designs_no_hit():
     assert mode_metrics([rec(1), rec(2)], EVENTS, Sla(), 1.0)["ttft_high_hit_p50_s"] is None
+
+
+def _req(i, ttft, pipeline="p-md", status="completed", prompt_len=100):
+    return {"id": i, "ttft_s": ttft, "pipeline": pipeline, "status": status,
+            "prompt_len": prompt_len}
+
+
+def test_paired_ttft_ratio_is_the_median_over_requests_the_mode_did_not_relay():
+    mode = [_req(0, 0.2), _req(1, 0.3), _req(2, 0.9), _req(3, 0.5, pipeline="p-rld-md"),
+            _req(4, 0.1, status="failed"), _req(5, 0.4)]
+    base = [_req(0, 0.2), _req(1, 0.2), _req(2, 0.3), _req(3, 2.0), _req(4, 0.1),
+            _req(5, 0.1, status="failed")]
+    # paired: 0 (1.0), 1 (1.5), 2 (3.0); 3 relayed, 4 failed in the mode, 5 in the baseline
+    assert paired_ttft_ratios(mode, base) == pytest.approx([1.0, 1.5, 3.0])
+    assert paired_metrics(mode, base) == {"paired_ttft_ratio_p50": pytest.approx(1.5), "n": 3}
+
+
+def test_paired_ttft_ratio_ignores_one_request_crossing_the_median():
+    # two unpaired medians of 4 requests move 25% when one request swaps sides;
+    # the paired median sees every request served as fast in both modes but one
+    base = [_req(0, 0.10), _req(1, 0.15), _req(2, 0.20), _req(3, 0.25)]
+    mode = [_req(0, 0.10), _req(1, 0.30), _req(2, 0.20), _req(3, 0.25)]
+    assert percentile([r["ttft_s"] for r in mode], 50) / percentile(
+        [r["ttft_s"] for r in base], 50) == pytest.approx(0.225 / 0.175)
+    assert paired_metrics(mode, base)["paired_ttft_ratio_p50"] == pytest.approx(1.0)
+
+
+def test_paired_ttft_ratio_refuses_to_pair_different_prompts_and_is_null_without_pairs():
+    mode = [_req(0, 0.2, prompt_len=100)]
+    base = [_req(0, 0.1, prompt_len=101)]
+    assert paired_metrics(mode, base) == {"paired_ttft_ratio_p50": None, "n": 0}
+    assert paired_metrics([_req(0, 0.2, pipeline="rld-only")], [_req(0, 0.1)])["n"] == 0

@@ -18,8 +18,8 @@ from testbed.report.plots import DEFAULT_HIT_BINS_PCT
 from testbed.report.rundir import ReportError, load_run
 
 CANNED = Path(__file__).parent / "fixtures" / "run-canned"
-TOP_KEYS = ["scenario", "backend", "scale", "modes", "comparisons", "expectations", "passed",
-            "failures"]
+TOP_KEYS = ["scenario", "backend", "scale", "modes", "comparisons", "paired", "expectations",
+            "passed", "failures"]
 MODE_KEYS = ["requests_total", "requests_completed", "requests_failed", "tokens_lost",
              "tokens_duplicated", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "ttft_high_hit_p50_s",
              "tpot_p50_ms", "e2e_p99_s", "goodput_rps", "handoff_stall_p99_ms", "relay_overhead_p50_ms",
@@ -77,6 +77,15 @@ def test_summary_json_matches_the_contract_keys_exactly(built):
     assert all(list(e) == ["name", "passed", "value", "bound"] for e in s["expectations"])
     assert (s["scenario"], s["backend"], s["scale"]) == ("canned-wan-fault", "userspace", 10.0)
     assert s == summary
+
+
+def test_paired_metrics_are_over_the_canned_requests_pdd_did_not_relay(built):
+    _, summary = built
+    # the canned p-md requests of pdd (14 of 20: 3, 7, 9, 11, 15 and 18 went through RLD)
+    # have the baseline's TTFT exactly (make_canned.py models a p-md request the same in
+    # both modes)
+    assert summary["paired"] == [{"mode": "pdd", "baseline": "cross-dc-pd",
+                                  "paired_ttft_ratio_p50": 1.0, "n": 14}]
 
 
 def test_canned_figures(built):

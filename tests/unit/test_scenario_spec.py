@@ -92,6 +92,9 @@ def test_wan_override_changes_both_directions():
     ("expectations.0.mode", "same-dc-pd", "expectations[0].mode", "one of pdd, cross-dc-pd"),
     ("expectations.0.op", "~=", "expectations[0].op", "one of =="),
     ("expectations.1.baseline", "pdd", "expectations[1].baseline", "one of cross-dc-pd"),
+    # a paired metric is a ratio already: a bound of one mode cannot use it
+    ("expectations.0.metric", "paired_ttft_ratio_p50", "expectations[0].metric",
+     "one of requests_total"),
     ("expectations.1", {"name": "x", "mode": "pdd", "metric": "ttft_p90_s",
                         "baseline": "cross-dc-pd"}, "expectations[1].max_ratio",
      "max_ratio or min_ratio"),
@@ -270,3 +273,16 @@ def test_pdd_defaults_have_one_source():
         assert c.client.request_timeout_s == sc.pdd.request_timeout_s
         assert c.relay.catchup_threshold == sc.pdd.catchup_threshold_tokens
         assert c.router.relay_threshold_s == sc.pdd.relay_threshold_s
+
+
+def test_a_comparison_may_bound_a_paired_metric():
+    s = parse_scenario(changed("expectations.1.metric", "paired_ttft_ratio_p50"), FILE)
+    assert s.expectations[1].metric == "paired_ttft_ratio_p50"
+
+
+def test_the_spec_accepts_only_metrics_the_report_computes():
+    # spec/ validates the names before a run; report/ computes them after it
+    from testbed.report import metrics
+    from testbed.spec import scenario
+    assert set(scenario.METRICS) <= set(metrics.MODE_METRICS)
+    assert scenario.PAIRED_METRICS == metrics.PAIRED_METRICS
