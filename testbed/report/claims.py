@@ -225,9 +225,9 @@ def _drc_modes(run: RunData) -> tuple[str | None, str | None]:
 def claim_wan_bytes(runs, bench) -> Claim:
     key, title = "3", "WAN bytes: DRC at ~90% hit vs no decode-side reuse"
     pub = "up to 10x less; > 180 Gbit/s offered without caching"
-    slot, run, names = _pick(runs, ["headline"], ["cross-dc-pd"])
+    slot, run, names = _pick(runs, ["wan-bytes", "headline"], ["cross-dc-pd"])
     if run is None:
-        return _missing(key, title, pub, ["headline"])
+        return _missing(key, title, pub, ["wan-bytes", "headline"])
     name, off = _drc_modes(run)
     name = name or names["cross-dc-pd"]
     mode, pdd = run.mode(name), pdd_settings(run, name)

@@ -60,7 +60,8 @@ class Slot:
 
 
 FULL = (
-    Slot("headline", "scenarios/pdd-vs-baseline.yaml", "1 3 4 7 (9 fallback)"),
+    Slot("headline", "scenarios/pdd-vs-baseline.yaml", "1 4 7 (3, 9 fallback)"),
+    Slot("wan-bytes", "scenarios/paper/wan-bytes.yaml", "3"),
     Slot("baseline-64k", "scenarios/paper/baseline-64k.yaml", "2"),
     Slot("goodput-load", "scenarios/paper/goodput-load.yaml", "6 7"),
     Slot("rld-overload", "scenarios/paper/rld-overload-sweep.yaml", "8"),

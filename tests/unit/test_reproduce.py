@@ -155,6 +155,19 @@ def test_wan_bytes_measured_with_a_drc_off_mode(tmp_path, off_bytes, verdict):
     assert c.verdict == verdict
 
 
+def test_wan_bytes_prefers_the_wan_bytes_slot_over_the_headline(tmp_path):
+    """The full run's headline has no drc: false mode; its wan-bytes slot measures it."""
+    headline(tmp_path)
+    write_run(tmp_path, "wan-bytes", {
+        "cross-dc-pd": ("cross-dc-pd", {}, [rec(i, 1.0, kv_wan=1_600_000) for i in range(20)],
+                        20.0),
+        "base-nodrc": ("cross-dc-pd", {"drc": False},
+                       [rec(i, 2.0, kv_wan=16_000_000, hit=0.0) for i in range(20)], 20.0)})
+    c = claim_wan_bytes(runs_of(tmp_path), None)
+    assert c.verdict == REPRODUCED and c.figures["measured_reduction_x"] == pytest.approx(10.0)
+    assert [s.name for s in FULL][:2] == ["headline", "wan-bytes"]
+
+
 def test_rld_share(tmp_path):
     headline(tmp_path)
     c = claim_rld_share(runs_of(tmp_path), None)
