@@ -2,7 +2,10 @@
 
 Owns events.jsonl. Each record carries ``t_mono`` (time.monotonic(), the
 clock every other record of a run uses), ``t_wall`` and a ``kind`` with its
-fields. The log is append-only and flushed per record so it survives a crash.
+fields. One EventLog is one run's log: it starts the file afresh (a second run
+into the same folder must not mix its events with the first's: the workload
+window of goodput_rps spans every workload_start..workload_end of the file),
+then appends and flushes per record so it survives a crash.
 
 Example::
 
@@ -24,7 +27,7 @@ class EventLog:
         self._fh = None
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
-            self._fh = path.open("a")
+            self._fh = path.open("w")
 
     def record(self, kind: str, **fields) -> dict:
         rec = {"t_mono": time.monotonic(), "t_wall": time.time(), "kind": kind, **fields}

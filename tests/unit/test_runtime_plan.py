@@ -8,6 +8,7 @@ The plans (testbed/net/runtime.py) are checked as data and, through the thin
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -207,3 +208,19 @@ def test_rtt_fault_restore_sends_each_direction_its_own_delay():
     sent = {node: kw["delay_us"] for (node, _), kw in _leaves(net, "netem").items()}
     nodes = _wan_nodes(net)
     assert sent == {nodes["wan/a>b"]: 15_000, nodes["wan/b>a"]: 5_000}
+
+
+def test_an_event_log_starts_its_file_afresh(tmp_path):
+    # a second run into the same folder (reproduce --resume rerunning an unfinished slot,
+    # the README command run twice) must not keep the first run's events: goodput's
+    # workload window would span both runs
+    path = tmp_path / "pdd" / "events.jsonl"
+    first = EventLog(path)
+    first.record("workload_start", n_requests=3)
+    first.record("workload_end", client_exit=0)
+    first.close()
+    second = EventLog(path)
+    second.record("workload_start", n_requests=5)
+    second.close()
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    assert [(r["kind"], r.get("n_requests")) for r in lines] == [("workload_start", 5)]
