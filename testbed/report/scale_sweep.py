@@ -3,7 +3,7 @@
 Owns SWEEP_KS, SWEEP_SLOTS and ``scale_table``. ``testbed reproduce
 --scale-sweep`` runs scenarios/paper/scale-sweep.yaml once per bandwidth
 scale k (slot ``scale-kK``, ``--scale K``); each run has pdd and cross-dc-pd
-at token_scale 32 and at 16 (``pdd-ts16``/``base-ts16``, real prompts twice
+at token_scale 32 and at 64 (``pdd-ts64``/``base-ts64``, real prompts half
 as long, so the same modeled contexts). ``scale_table`` reads those run
 directories and gives, per (k, token_scale), the TTFT p50/p90 change of pdd
 against cross-dc-pd (claim 1's figure) and the nominal WAN bytes of both, then
@@ -26,7 +26,7 @@ from testbed.report.metrics import completed, emulated_bytes, percentile
 SWEEP_KS = (10, 25, 50, 100)
 SWEEP_SCENARIO = "scenarios/paper/scale-sweep.yaml"
 INVARIANT_PCT = 10.0
-PAIRS = {32: ("pdd", "cross-dc-pd"), 16: ("pdd-ts16", "base-ts16")}  # token_scale -> modes
+PAIRS = {32: ("pdd", "cross-dc-pd"), 64: ("pdd-ts64", "base-ts64")}  # token_scale -> modes
 
 
 def slot_name(k: float) -> str:

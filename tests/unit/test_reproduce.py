@@ -438,8 +438,8 @@ def sweep_run(root: Path, k: float, base_p90: float, kv_wan: int) -> None:
     write_run(root, f"scale-k{k:g}", {
         "pdd": ("pdd", {}, recs(0.5), 10.0),
         "cross-dc-pd": ("cross-dc-pd", {}, recs(base_p90), 10.0),
-        "pdd-ts16": ("pdd", {"token_scale": 16}, recs(0.5), 10.0),
-        "base-ts16": ("cross-dc-pd", {"token_scale": 16}, recs(base_p90), 10.0)}, scale=k)
+        "pdd-ts64": ("pdd", {"token_scale": 64}, recs(0.5), 10.0),
+        "base-ts64": ("cross-dc-pd", {"token_scale": 64}, recs(base_p90), 10.0)}, scale=k)
 
 
 def test_scale_table_spreads_and_invariance(tmp_path):
@@ -449,8 +449,8 @@ def test_scale_table_spreads_and_invariance(tmp_path):
     sweep_run(tmp_path / "same", 25.0, 1.0, 4_000_000)
     sweep_run(tmp_path / "same", 50.0, 1.0, 2_000_000)
     rows, spread = scale_table(runs_of(tmp_path / "same"))
-    assert [(r["k"], r["token_scale"]) for r in rows] == [(25, 32), (25, 16), (50, 32),
-                                                          (50, 16)]
+    assert [(r["k"], r["token_scale"]) for r in rows] == [(25, 32), (25, 64), (50, 32),
+                                                          (50, 64)]
     assert rows[0]["ttft_p90_change_pct"] == pytest.approx(-50.0)
     assert rows[0]["base_wan_bytes"] == rows[2]["base_wan_bytes"] == 10 * 4_000_000 * 25
     assert spread["ttft_p90_change_pct"] == pytest.approx(0.0)
