@@ -37,6 +37,10 @@ METRICS = ("requests_total", "requests_completed", "requests_failed", "tokens_lo
 # A (mode, baseline) pair's metrics over the same requests; only a comparison bounds them.
 PAIRED_METRICS = ("paired_ttft_ratio_p50",)
 OPS = ("==", "<=", "<", ">=", ">")
+# The run model's longest sequence (testbed/pdd/compute/model.py, ModelConfig.max_context):
+# a synthetic workload whose prompt plus output can exceed it is refused here, not by the
+# roles after the network is up.
+MODEL_CONTEXT_TOKENS = 4096
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 
 
@@ -196,6 +200,7 @@ def parse_scenario(data: object, file: str) -> Scenario:
     pdd = _parse_pdd(f.sub("pdd", None))
     workload_raw = f.raw("workload")
     workload = parse_workload(f.sub("workload"))
+    _check_context(file, "workload", workload)
     modes = _parse_modes(f, pdd, workload_raw, workload)
     modes_raw = tuple(m.name for m in modes)
     faults = parse_faults(f, "faults", base)
@@ -214,6 +219,24 @@ def parse_scenario(data: object, file: str) -> Scenario:
         drain_s=f.num("drain_s", 60.0, lo=0, unit="s"))
     f.done()
     return sc
+
+
+def _check_context(file: str, where: str, workload: object) -> None:
+    """Longest prompt + longest output of a synthetic workload within the model's context."""
+    syn = getattr(workload, "synthetic", None)
+    if syn is None:
+        return
+    lengths = [("input_len", syn.input_len, syn.output_len)]
+    if syn.anomalous is not None:
+        lengths.append(("anomalous.input_len", syn.anomalous.input_len,
+                        syn.anomalous.output_len))
+    for name, prompt, output in lengths:
+        if prompt.max_tokens + output.max_tokens > MODEL_CONTEXT_TOKENS:
+            raise SpecError(file, f"{where}.{name}",
+                            f"prompts that leave room for the outputs in the run model's "
+                            f"context of {MODEL_CONTEXT_TOKENS} tokens (max_tokens <= "
+                            f"{MODEL_CONTEXT_TOKENS - output.max_tokens} with outputs of up "
+                            f"to {output.max_tokens})", prompt.max_tokens)
 
 
 def _merge(base: object, over: object) -> object:
@@ -248,6 +271,7 @@ def _parse_modes(f: Fields, pdd: PddSettings, workload_raw: object,
             if v.has("workload"):
                 merged = _merge(workload_raw, v.raw("workload"))
                 wl = parse_workload(Fields(merged, f.file, f"modes[{i}].workload"))
+                _check_context(f.file, f"modes[{i}].workload", wl)
             v.done()
             run = ModeRun(name, mode, mpdd, wl)
         if run.name in [m.name for m in out]:

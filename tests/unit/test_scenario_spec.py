@@ -286,3 +286,26 @@ def test_the_spec_accepts_only_metrics_the_report_computes():
     from testbed.spec import scenario
     assert set(scenario.METRICS) <= set(metrics.MODE_METRICS)
     assert scenario.PAIRED_METRICS == metrics.PAIRED_METRICS
+
+
+@pytest.mark.parametrize("path, where", [
+    ("workload.input_len", "workload.input_len"),
+    ("modes", "modes[1].workload.input_len")])
+def test_prompt_plus_output_beyond_the_model_context_is_refused_before_a_run(path, where):
+    # scale-sweep's first token_scale 16 mode: 4096-token prompts + outputs failed at warm-up
+    long = {"dist": "uniform", "min_tokens": 1024, "max_tokens": 4096}
+    if path == "modes":
+        data = changed("modes", ["pdd", {"name": "long", "mode": "cross-dc-pd",
+                                         "workload": {"input_len": {"tokens": 4090}}}])
+    else:
+        data = changed(path, long)
+    with pytest.raises(SpecError) as e:
+        parse_scenario(data, FILE)
+    assert e.value.path == where and "context of 4096 tokens" in str(e.value)
+    assert "max_tokens <= 4064" in str(e.value) and "4096" in str(e.value)
+
+
+def test_the_context_bound_is_the_run_models():
+    from testbed.pdd.compute.model import ModelConfig
+    from testbed.spec.scenario import MODEL_CONTEXT_TOKENS
+    assert ModelConfig().max_context == MODEL_CONTEXT_TOKENS
