@@ -98,6 +98,12 @@ def preflight(net, tol_ms: float = PREFLIGHT_RTT_TOL_MS) -> dict:
     return ping
 
 
+def run_deadline_s(sc: Scenario, mode: ModeRun, span_s: float) -> float:
+    """How long after the roles start a mode may run: its arrivals, the drain, and one
+    request timeout of that mode (a variant may set its own ``request_timeout_s``)."""
+    return span_s + sc.drain_s + mode.pdd.request_timeout_s
+
+
 def run_mode(sc: Scenario, mode: ModeRun, plan_args: dict, out: Path,
              ready_timeout_s: float, preflight_tol_ms: float, pcap: bool = False) -> None:
     from contextlib import nullcontext
@@ -121,8 +127,7 @@ def run_mode(sc: Scenario, mode: ModeRun, plan_args: dict, out: Path,
             roles = start_roles(net, sc, mode, workload, mode_dir, ready_timeout_s)
             actions = [a for fault in sc.faults for a in actions_for(fault, net, roles)]
             status = Status(mode.value, workload, roles, sampler, sc.faults)
-            deadline = roles.t0 + workload.stats.span_s + sc.drain_s + \
-                sc.pdd.request_timeout_s
+            deadline = roles.t0 + run_deadline_s(sc, mode, workload.stats.span_s)
             events.record("workload_start", n_requests=len(workload.requests))
 
             def tick():

@@ -309,3 +309,13 @@ def test_the_context_bound_is_the_run_models():
     from testbed.pdd.compute.model import ModelConfig
     from testbed.spec.scenario import MODEL_CONTEXT_TOKENS
     assert ModelConfig().max_context == MODEL_CONTEXT_TOKENS
+
+
+def test_a_modes_own_request_timeout_sets_its_run_deadline():
+    from testbed.scenario.runner import run_deadline_s
+    data = changed("modes", ["pdd", "cross-dc-pd", {"name": "slow", "mode": "cross-dc-pd",
+                                                    "pdd": {"request_timeout_s": 300}}])
+    data["drain_s"] = 30
+    sc = parse_scenario(data, FILE)
+    assert [run_deadline_s(sc, m, 92.0) for m in sc.modes] == [
+        92 + 30 + 120, 92 + 30 + 120, 92 + 30 + 300]
