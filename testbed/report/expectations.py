@@ -130,13 +130,13 @@ def _ratio_check(index: int, exp: Mapping, modes: Mapping) -> tuple[bool, object
     metric, mode, base = exp["metric"], exp["mode"], exp["baseline"]
     v, b = metric_value(modes[mode], metric), metric_value(modes[base], metric)
     r = ratio(v, b)
-    wanted = " and ".join(f"{'>=' if k == 'min_ratio' else '<='} {x:g}" for k, x in limits)
+    wanted = _wanted(limits)
     bound = f"{metric} {mode} / {base} {wanted}"
     if r is None:
         why = ("value is null" if v is None else "baseline is null" if b is None
                else "baseline is 0")
         return False, None, f"{bound} ({why}: {_fmt(v)} / {_fmt(b)})"
-    ok = all(r >= x if k == "min_ratio" else r <= x for k, x in limits)
+    ok = _within(r, limits)
     return ok, r, f"{bound} ({_fmt(v)} / {_fmt(b)})"
 
 
@@ -147,16 +147,24 @@ def _limits(index: int, exp: Mapping) -> list[tuple[str, float]]:
     return limits
 
 
+def _wanted(limits: list[tuple[str, float]]) -> str:
+    return " and ".join(f"{'>=' if k == 'min_ratio' else '<='} {x:g}" for k, x in limits)
+
+
+def _within(r: float, limits: list[tuple[str, float]]) -> bool:
+    return all(r >= x if k == "min_ratio" else r <= x for k, x in limits)
+
+
 def _paired_check(index: int, exp: Mapping, pair: Mapping) -> tuple[bool, object, str]:
     limits = _limits(index, exp)
     metric, mode, base = exp["metric"], exp["mode"], exp["baseline"]
     r, n = pair.get(metric), pair.get("n", 0)
-    wanted = " and ".join(f"{'>=' if k == 'min_ratio' else '<='} {x:g}" for k, x in limits)
+    wanted = _wanted(limits)
     bound = f"{metric} {mode} vs {base} {wanted}"
     if r is None:
         return False, None, f"{bound} (no request to pair: none completed in both " \
                             f"without a relay)"
-    ok = all(r >= x if k == "min_ratio" else r <= x for k, x in limits)
+    ok = _within(r, limits)
     return ok, r, f"{bound} (median of {n} per-request ratios)"
 
 
