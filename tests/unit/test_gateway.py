@@ -11,6 +11,7 @@ and recorded as failed, and the next request is served.
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import socket
@@ -23,6 +24,8 @@ from testbed.pdd.compute.model import build_model
 from testbed.pdd.run.procs import RoleProcesses, free_port, loopback_config
 from testbed.pdd.compute.text import encode, load_tokenizer
 from testbed.pdd.run.verify import verify_records
+from testbed.pdd.wire.protocol import Frame, Health, HealthAck, Hello, Role
+from testbed.pdd.wire.transport import TcpTransport
 
 openai = pytest.importorskip("openai")
 MODEL = "pdd-tiny"
@@ -174,9 +177,33 @@ def test_a_client_gone_mid_stream_cancels_its_request(gw, tok, ref):
     assert rec["gateway"]["abandoned"] == "client disconnected"
     # every role REPORTed, MD (which decodes to the end) too: CANCEL reached them all
     assert set(rec["reports"]) == {"router", "P", "RLD", "MD"}
+    assert rec["reports"]["MD"]["cancelled"] is True  # freed by the CANCEL, not by its end
+    # and nothing of it is left: the decoders hold no sequence and no request state (a
+    # role frees a request before it REPORTs it, so this holds once the record is in)
+    assert _decoder_loads(gw) == {"rld0": (0, 0), "md0": (0, 0)}
     # the next request is served as usual
     again = gw.openai.completions.create(model=MODEL, prompt="after", max_tokens=8)
     assert encode(tok, again.choices[0].text) == ref(encode(tok, "after"), 8)
+
+
+def _decoder_loads(gw) -> dict[str, tuple[int, int]]:
+    """Each decoder's (sequences decoding, requests held), asked as the router asks:
+    HEALTH on a connection of its own, answered by HEALTH_ACK."""
+    async def ask(inst) -> tuple[int, int]:
+        conn = await TcpTransport().connect(inst.host, inst.port)
+        try:
+            await conn.send(Frame(0, Hello(Role.ROUTER, "health-probe")))
+            await conn.send(Frame(0, Health(7)))
+            ack = (await asyncio.wait_for(conn.recv(), 10)).message
+            assert isinstance(ack, HealthAck) and ack.nonce == 7
+            return ack.active_requests, ack.waiting_requests
+        finally:
+            conn.close()
+
+    async def all_of() -> dict[str, tuple[int, int]]:
+        return {i.name: await ask(i) for role in (Role.RELAY_DECODE, Role.MAIN_DECODE)
+                for i in gw.cfg.of_role(role)}
+    return asyncio.run(all_of())
 
 
 def test_bad_requests_do_not_disturb_a_stream_in_flight(gw, tok, ref):
