@@ -301,6 +301,8 @@ def cmd_bench_chaos(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    if args.what == "clients":
+        return cmd_bench_clients(args)
     if args.what == "fuzz":
         return cmd_bench_fuzz(args)
     if args.what == "chaos":
@@ -366,31 +368,29 @@ def cmd_collect(args) -> int:
     return 0 if summary["passed"] else 1
 
 
-def cmd_serve(args) -> int:
-    import time
+def _serve_plan(topology: str | None, scenario: str | None, mode: str, out, port: int,
+                backend: str, scale: float | None, seed: int | None, ready_timeout_s: float,
+                command: list[str], mooncake_rows: int = 0):
+    """(topology, ServeOptions) of one serve run: a topology file, or a scenario's
+    topology, seed, scale, backend, mode's pdd settings and workload."""
     from pathlib import Path
 
-    from testbed.pdd.run.client_command import client_argv
-    from testbed.scenario.serve import ServeOptions, serve
-    from testbed.types import Mode
+    from testbed.scenario.serve import ServeOptions
 
-    out = Path(args.out) if args.out else Path("runs") / f"serve-{time.strftime('%Y%m%d-%H%M%S')}"
-    client_argv(args.client_command, "0.0.0.0", args.port, out, "m", Path("t"), Path("x"))
     pdd = workload = None
     workload_dir = Path(".")
-    seed, scale, backend = args.seed, args.scale, args.backend
-    if args.scenario:
+    if scenario:
         from testbed.spec.scenario import load_scenario
 
-        if args.topology is not None:
+        if topology is not None:
             raise TestbedError("serve: give a topology or --scenario (its topology), not both")
-        if args.mooncake_rows:
+        if mooncake_rows:
             raise TestbedError("serve: --mooncake-rows and --scenario both set {trace}; "
                                "give one")
-        sc = load_scenario(args.scenario)
-        run = next((m for m in sc.modes if m.mode.value == args.mode), None)
+        sc = load_scenario(scenario)
+        run = next((m for m in sc.modes if m.mode.value == mode), None)
         if run is None:
-            raise SpecError(args.scenario, "modes", f"a list with mode {args.mode} (--mode)",
+            raise SpecError(scenario, "modes", f"a list with mode {mode} (--mode)",
                             [m.name for m in sc.modes])
         topo, pdd, workload = sc.topology, run.pdd, run.workload
         workload_dir = Path(sc.file).parent
@@ -398,13 +398,28 @@ def cmd_serve(args) -> int:
         scale = sc.scale if scale is None else scale
         backend = sc.backend if backend == "auto" else backend
     else:
-        if args.topology is None:
-            args.topology = DEFAULT_TOPOLOGY
-        topo = _load_topology(args)
-    opts = ServeOptions(out, args.port, None if backend == "auto" else backend,
-                        scale, 1 if seed is None else seed, args.ready_timeout_s,
-                        tuple(args.client_command), args.mooncake_rows, pdd, workload,
-                        workload_dir)
+        from testbed.spec.topology import load_topology
+
+        topo = load_topology(topology or DEFAULT_TOPOLOGY)
+    opts = ServeOptions(Path(out), port, None if backend == "auto" else backend,
+                        scale, 1 if seed is None else seed, ready_timeout_s,
+                        tuple(command), mooncake_rows, pdd, workload, workload_dir)
+    return topo, opts
+
+
+def cmd_serve(args) -> int:
+    import time
+    from pathlib import Path
+
+    from testbed.pdd.run.client_command import client_argv
+    from testbed.scenario.serve import serve
+    from testbed.types import Mode
+
+    out = Path(args.out) if args.out else Path("runs") / f"serve-{time.strftime('%Y%m%d-%H%M%S')}"
+    client_argv(args.client_command, "0.0.0.0", args.port, out, "m", Path("t"), Path("x"))
+    topo, opts = _serve_plan(args.topology, args.scenario, args.mode, out, args.port,
+                             args.backend, args.scale, args.seed, args.ready_timeout_s,
+                             args.client_command, args.mooncake_rows)
     with out_dir_lock(out, "testbed serve"):
         result = serve(topo, Mode(args.mode), opts)
     print(f"testbed: stopped; {result['checked']} requests verified against greedy decode, "
@@ -412,6 +427,43 @@ def cmd_serve(args) -> int:
     if result["mismatched"]:
         return 1
     return result.get("client_exit", 0)
+
+
+def cmd_bench_clients(args) -> int:
+    """AIPerf and GuideLLM, unmodified, against serve's gateway per mode; the table."""
+    import time
+    from pathlib import Path
+
+    from testbed.bench.clients import (MODES, REPO, check_clients, default_paths, run_clients,
+                                       selected)
+    from testbed.scenario.serve import serve
+    from testbed.types import Mode
+
+    out = Path(args.out) if args.out else Path("runs") / f"clients-{time.strftime('%Y%m%d-%H%M%S')}"
+    runs = selected(args.only)
+    paths = default_paths()
+    paths.update({k: v for k, v in (("aiperf", args.aiperf), ("guidellm", args.guidellm)) if v})
+    modes = args.modes or list(MODES)
+    if args.requests < 1:
+        raise SpecError("command line", "--requests", "an integer >= 1", args.requests)
+    if not args.rate > 0:  # NaN too
+        raise SpecError("command line", "--rate", "a number > 0 (req/s)", args.rate)
+    check_clients(runs, paths)  # before anything is built or written
+
+    def serve_fn(run, mode: str, command: list[str], cell: Path) -> None:
+        scenario = str(REPO / run.scenario) if run.scenario else None
+        topo, opts = _serve_plan(None if scenario else args.topology, scenario, mode, cell,
+                                 8000, args.backend, args.scale, None, 60.0, command)
+        print(f"testbed: bench clients: {run.name} / {mode} -> {cell}", flush=True)
+        result = serve(topo, Mode(mode), opts)
+        print(f"testbed: bench clients: {run.name} / {mode}: client exit "
+              f"{result.get('client_exit')}, {result['checked']} requests verified, "
+              f"{len(result['mismatched'])} mismatched", flush=True)
+
+    with out_dir_lock(out, "testbed bench clients"):
+        doc = run_clients(out, runs, modes, serve_fn, paths, args.requests, args.rate)
+    print((out / "clients.md").read_text(), end="")
+    return 0 if doc["passed"] else 1
 
 
 def cmd_exec(args) -> int:
@@ -533,14 +585,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--labels", nargs="+", help="column names (default: folder and backend)")
     p.set_defaults(func=cmd_compare)
     p = sub.add_parser("bench", help="benchmarks: updown (build/teardown), handoff, "
-                       "fuzz (input readers, no root), chaos (kill campaign)")
-    p.add_argument("what", choices=("updown", "handoff", "fuzz", "chaos"))
+                       "fuzz (input readers, no root), chaos (kill campaign), clients "
+                       "(AIPerf and GuideLLM against serve, per mode)")
+    p.add_argument("what", choices=("updown", "handoff", "fuzz", "chaos", "clients"))
     _net_args(p)
     p.add_argument("--cycles", type=int, default=20)
     p.add_argument("--trials", type=int, default=30)
     p.add_argument("--cases", type=int, default=10_000, help="fuzz: inputs per reader")
     p.add_argument("--seed", type=int, default=1, help="fuzz, chaos: random seed")
-    p.add_argument("--out", help="fuzz, chaos: also write the JSON result to this file")
+    p.add_argument("--out", help="fuzz, chaos: also write the JSON result to this file; "
+                   "clients: the folder (a serve run per client run and mode, clients.md, "
+                   "clients.json; default runs/clients-TIME)")
+    p.add_argument("--only", action="append", default=[], metavar="RUN",
+                   help="clients: only this run (aiperf-synthetic, aiperf-mooncake, "
+                   "guidellm-synthetic; repeatable)")
+    p.add_argument("--mode", dest="modes", action="append", default=[],
+                   choices=[m.value for m in _modes()],
+                   help="clients: only this mode (repeatable; default pdd and cross-dc-pd)")
+    p.add_argument("--aiperf", help="clients: AIPerf's executable (default .venv-bench/bin/aiperf "
+                   "at the repository's top)")
+    p.add_argument("--guidellm", help="clients: GuideLLM's executable (default "
+                   ".venv-guidellm/bin/guidellm)")
+    p.add_argument("--requests", type=int, default=40,
+                   help="clients: requests of each synthetic run")
+    p.add_argument("--rate", type=float, default=2.0,
+                   help="clients: request rate of each synthetic run (req/s)")
     p.add_argument("--scenario", help="chaos: the scenario each cycle runs "
                    "(default tests/chaos/chaos-tiny.yaml)")
     p.add_argument("--window-s", type=float, default=25.0,
