@@ -439,7 +439,7 @@ def cmd_bench_clients(args) -> int:
     from testbed.scenario.serve import serve
     from testbed.types import Mode
 
-    out = Path(args.out) if args.out else Path("runs") / f"clients-{time.strftime('%Y%m%d-%H%M%S')}"
+    out = Path(args.out or f"runs/clients-{time.strftime('%Y%m%d-%H%M%S')}")
     runs = selected(args.only)
     paths = default_paths()
     paths.update({k: v for k, v in (("aiperf", args.aiperf), ("guidellm", args.guidellm)) if v})

@@ -71,9 +71,10 @@ RUNS = {r.name: r for r in (
     ClientRun("guidellm-synthetic", "guidellm", "synthetic 128 / 64 tokens, constant rate"),
 )}
 
-INSTALL = {"aiperf": "python3 -m venv .venv-bench && .venv-bench/bin/pip install aiperf",
+# the versions measured here; torch pinned first, else GuideLLM pulls a multi-GB CUDA build
+INSTALL = {"aiperf": "python3 -m venv .venv-bench && .venv-bench/bin/pip install aiperf==0.13.0",
            "guidellm": "python3 -m venv .venv-guidellm && "
-                       ".venv-guidellm/bin/pip install torch==2.13.0 guidellm"}
+                       ".venv-guidellm/bin/pip install torch==2.13.0 guidellm==0.8.1"}
 
 
 def check_clients(runs: Sequence[ClientRun], paths: dict[str, str]) -> None:
@@ -293,12 +294,12 @@ def clients_md(doc: dict) -> str:
              "output the client counted as the tokens the roles delivered.", "",
              "| run | mode | completed / verified | pipelines | client p50 | gateway p50 | "
              "roles p50 | client/gw p50 | client p90 | gateway p90 | roles p90 | "
-             "client/gw p90 | per request p50 / p90 / max ms | tokens exact | passed |",
+             "client/gw p90 | per request min / p50 / p90 / max ms | tokens exact | passed |",
              "|" + "---|" * 15]
     for r in doc["rows"]:
         pr = r.get("per_request")
-        per = "-" if pr is None else (f"{pr['delta_ms_p50']:.2f} / {pr['delta_ms_p90']:.2f}"
-                                      f" / {pr['delta_ms_max']:.2f}")
+        per = "-" if pr is None else " / ".join(f"{pr['delta_ms_' + q]:.2f}"
+                                                for q in ("min", "p50", "p90", "max"))
         exact = "-" if pr is None else f"{pr['tokens_exact']} of {pr['matched']}"
         pipes = ", ".join(f"{k} {v}" for k, v in sorted((r.get("pipelines") or {}).items()))
         lines.append(

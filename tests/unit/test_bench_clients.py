@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from testbed.cli import main
 from testbed.bench.clients import (HF_NAME, RUNS, check_clients, client_command, clients_doc,
                                    clients_md, make_hf_cache, run_clients, selected)
 from testbed.errors import TestbedError
@@ -159,3 +160,16 @@ def test_unknown_runs_and_missing_clients_are_refused_by_name(tmp_path):
                                                          "guidellm": "/nope/guidellm"})
     check_clients(selected(["guidellm-synthetic"]), {"aiperf": "/nope/aiperf",
                                                      "guidellm": sys.executable})
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--rate", "0"], "--rate: expected a number > 0 (req/s), got 0.0"),
+    (["--requests", "0"], "--requests: expected an integer >= 1, got 0"),
+    (["--only", "guidellm-synthetic", "--guidellm", "/nope/g"], "--guidellm /nope/g: no such"),
+])
+def test_the_command_refuses_bad_options_before_it_builds_or_writes(tmp_path, capsys, argv,
+                                                                    said):
+    out = tmp_path / "clients"
+    assert main(["bench", "clients", "--out", str(out), *argv]) == 2
+    assert said in capsys.readouterr().err
+    assert not out.exists()
