@@ -509,3 +509,22 @@ def test_sigterm_ends_a_reproduction_with_143_and_its_partial_table(tmp_path, mo
     assert main(["reproduce", "--quick", "--out", str(tmp_path)]) == 143
     assert "terminated (signal 15)" in capsys.readouterr().err
     assert json.loads((tmp_path / "reproduction.json").read_text())["interrupted"] is True
+
+
+def test_bathtub_slot_bins_each_request_by_its_own_hit_rate(tmp_path):
+    """A mode aimed at one bin also holds its sessions' cold first turns (designed hit 0):
+    they count in the 0-90% bin, not in the mode's (binned per mode, the full run of
+    2026-12-02 read 24% and 74-81% for the 7 bins)."""
+    modes = {}
+    for j, (tag, hit, t) in enumerate((("b95", 0.955, 0.95), ("b99", 0.995, 0.6))):
+        ids = range(10 * j, 10 * j + 6)
+        hits = [0.0] * 3 + [hit] * 3
+        modes[f"pdd-{tag}"] = ("pdd", {}, [rec(i, 0.4 if h == 0 else t, hit=h)
+                                           for i, h in zip(ids, hits)], 10.0)
+        modes[f"base-{tag}"] = ("cross-dc-pd", {}, [rec(i, 1.0, hit=h)
+                                                    for i, h in zip(ids, hits)], 10.0)
+    write_run(tmp_path, "bathtub", modes)
+    c = claim_bathtub(runs_of(tmp_path), None)
+    assert [(round(h, 1), round(b), n) for h, b, n in c.figures["points"]] == [
+        (0.0, 60, 6), (95.5, 5, 3), (99.5, 40, 3)]
+    assert c.verdict == REPRODUCED and "slot's mode pairs pooled" in str(c.conditions)
