@@ -23,8 +23,11 @@ greedy decode, pipelines, TTFT p50/p90 of the client, the gateway
 (``ttft_s``: REQUEST sent -> token 0 back), the client over the gateway, and
 per request (``per_request``) the client's TTFT minus the gateway's and whether
 the client counted the output tokens the roles delivered. AIPerf's requests are
-matched to the gateway's records in start order (its export has no response
-id); GuideLLM's by response id (the gateway's ``cmpl-N``).
+matched to the gateway's records by the ``X-Request-ID`` header AIPerf sends
+with each (the gateway keeps it as the record's ``gateway.x_request_id``; start
+order only for records without it: two requests of a fixed schedule that start
+within microseconds reach the gateway in either order); GuideLLM's by response
+id (the gateway's ``cmpl-N``).
 
 A cell passes when the client exited 0, every request completed and matched
 the greedy decode, and its TTFT p50 and p90 are within ``TOLERANCE`` of the
@@ -160,8 +163,8 @@ def _records(cell: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
-def _aiperf_requests(cell: Path) -> list[tuple[float, int]] | None:
-    """(TTFT s, output tokens) per profiled AIPerf request, in start order."""
+def _aiperf_requests(cell: Path) -> list[tuple[str | None, float, int]] | None:
+    """(X-Request-ID, TTFT s, output tokens) per profiled AIPerf request, in start order."""
     path = next(iter(sorted(cell.rglob("profile_export.jsonl"))), None)
     if path is None:
         return None
@@ -176,9 +179,10 @@ def _aiperf_requests(cell: Path) -> list[tuple[float, int]] | None:
         ttft = metrics.get("time_to_first_token", {})
         if ttft.get("unit") != "ms":
             return None
-        rows.append((meta.get("request_start_ns", 0), ttft["value"] / 1e3,
+        rows.append((meta.get("request_start_ns", 0), meta.get("x_request_id"),
+                     ttft["value"] / 1e3,
                      int(metrics.get("output_sequence_length", {}).get("value", -1))))
-    return [(t, n) for _, t, n in sorted(rows)]
+    return [(rid, t, n) for _, rid, t, n in sorted(rows, key=lambda r: r[0])]
 
 
 def _guidellm_requests(cell: Path) -> dict[str, tuple[float, int]] | None:
@@ -206,19 +210,28 @@ def per_request(cell: Path, client: str) -> dict | None:
         theirs = _aiperf_requests(cell)
         if not theirs or len(theirs) != len(recs):
             return None
-        pairs = [(t, n, r) for (t, n), r in zip(theirs, recs)]
+        by_id = {r["gateway"].get("x_request_id"): r for r in recs}
+        if None not in by_id and len(by_id) == len(recs):  # the X-Request-ID each sent
+            matched_by = "x_request_id"
+            pairs = [(t, n, by_id[rid]) for rid, t, n in theirs if rid in by_id]
+            if len(pairs) != len(recs):
+                return None
+        else:  # a gateway that did not record the header: start order
+            matched_by = "start order"
+            pairs = [(t, n, r) for (_, t, n), r in zip(theirs, recs)]
     else:
         theirs = _guidellm_requests(cell)
         if not theirs:
             return None
+        matched_by = "response id"
         by_id = {r["gateway"]["id"]: r for r in recs}
         pairs = [(t, n, by_id[rid]) for rid, (t, n) in theirs.items() if rid in by_id]
         if len(pairs) != len(recs):
             return None
     deltas = [(t - r["gateway"]["ttft_http_s"]) * 1e3 for t, _, r in pairs]
     exact = sum(1 for _, n, r in pairs if n == len(r["tokens"]) == r["max_out"])
-    return {"matched": len(pairs), "delta_ms_p50": round(percentile(deltas, 50), 2),
-            "delta_ms_p90": round(percentile(deltas, 90), 2),
+    return {"matched": len(pairs), "matched_by": matched_by,
+            "delta_ms_p50": round(percentile(deltas, 50), 2), "delta_ms_p90": round(percentile(deltas, 90), 2),
             "delta_ms_min": round(min(deltas), 2), "delta_ms_max": round(max(deltas), 2),
             "tokens_exact": exact}
 

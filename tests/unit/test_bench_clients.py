@@ -35,16 +35,18 @@ def _cell(cell: Path, records: list[dict], client_p50: float, client_p90: float,
     (cell / "gateway-stats.json").write_text(json.dumps(stats))
 
 
-def _aiperf_export(cell: Path, rows: list[tuple[int, float, int]], warmup: int = 0) -> None:
-    """rows: (request_start_ns, ttft ms, output tokens), written out of start order."""
+def _aiperf_export(cell: Path, rows: list[tuple], warmup: int = 0) -> None:
+    """rows: (request_start_ns, ttft ms, output tokens[, x_request_id]), written out of
+    start order."""
     art = cell / "aiperf"
     art.mkdir()
     lines = [{"metadata": {"request_start_ns": 1, "benchmark_phase": "warmup"},
               "metrics": {"time_to_first_token": {"value": 1.0, "unit": "ms"}}}] * warmup
-    lines += [{"metadata": {"request_start_ns": ns, "benchmark_phase": "profiling"},
+    lines += [{"metadata": {"request_start_ns": ns, "benchmark_phase": "profiling",
+                            "x_request_id": rid[0] if rid else None},
                "metrics": {"time_to_first_token": {"value": ms, "unit": "ms"},
                            "output_sequence_length": {"value": n, "unit": "tokens"}}}
-              for ns, ms, n in reversed(rows)]
+              for ns, ms, n, *rid in reversed(rows)]
     (art / "profile_export.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
 
 
@@ -58,12 +60,33 @@ def test_aiperf_requests_are_matched_in_start_order_and_compared(tmp_path):
     row = doc["rows"][0]
     assert row["passed"] and doc["passed"], row["problems"]
     pr = row["per_request"]
-    assert pr["matched"] == 3 and pr["tokens_exact"] == 3
+    assert pr["matched"] == 3 and pr["tokens_exact"] == 3 and pr["matched_by"] == "start order"
     assert (pr["delta_ms_min"], pr["delta_ms_p50"], pr["delta_ms_max"]) == \
         pytest.approx((1.0, 2.0, 3.0))
     assert (row["client_p50_ms"], row["gateway_p50_ms"], row["roles_p50_ms"]) == \
         (502.0, 500.0, 499.0)
     assert "| aiperf-synthetic | pdd | 3 / 3 of 3 | p-md 3 |" in clients_md(doc)
+
+
+def test_aiperf_requests_are_matched_by_their_x_request_id_when_recorded(tmp_path):
+    """Two fixed-schedule requests that start within microseconds reach the gateway in
+    either order: the start order pairs them crosswise, the X-Request-ID does not."""
+    cell = tmp_path / "aiperf-mooncake" / "pdd"
+    recs = [_record(0, 0.500, n=3, max_out=3), _record(1, 1.200, n=9, max_out=9),
+            _record(2, 0.300)]
+    for r, rid in zip(recs, ("b", "a", "c")):  # the gateway got "b" first
+        r["gateway"]["x_request_id"] = rid
+    _cell(cell, recs, 0.502, 1.2, 0.500, 1.2)
+    _aiperf_export(cell, [(10, 1201.0, 9, "a"), (11, 502.0, 3, "b"), (30, 301.0, 4, "c")])
+    pr = clients_doc(tmp_path, [RUNS["aiperf-mooncake"]], ["pdd"])["rows"][0]["per_request"]
+    assert pr["matched_by"] == "x_request_id" and pr["tokens_exact"] == 3
+    assert (pr["delta_ms_min"], pr["delta_ms_max"]) == pytest.approx((1.0, 2.0))
+    for r in recs:  # the same export by start order: two crosswise pairs
+        del r["gateway"]["x_request_id"]
+    (cell / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    row = clients_doc(tmp_path, [RUNS["aiperf-mooncake"]], ["pdd"])["rows"][0]
+    assert row["per_request"]["tokens_exact"] == 1 and not row["passed"]
+    assert "counted the delivered tokens of 1 of 3" in "; ".join(row["problems"])
 
 
 def test_a_client_more_than_ten_percent_off_the_gateway_fails_the_cell(tmp_path):

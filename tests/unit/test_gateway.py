@@ -86,7 +86,8 @@ def test_completions_streaming_and_not_give_the_greedy_tokens(gw, tok, ref):
     ids = encode(tok, PROMPT)
     want = ref(ids, 40)
     whole = gw.openai.completions.create(model=MODEL, prompt=PROMPT, max_tokens=40,
-                                         temperature=0, extra_body={"ignore_eos": True})
+                                         temperature=0, extra_body={"ignore_eos": True},
+                                         extra_headers={"X-Request-ID": "whole-1"})
     assert encode(tok, whole.choices[0].text) == want
     assert whole.choices[0].finish_reason == "length"
     assert (whole.usage.prompt_tokens, whole.usage.completion_tokens) == (len(ids), 40)
@@ -115,9 +116,11 @@ def test_chat_streaming_and_not_give_the_greedy_tokens(gw, tok, ref):
 def test_the_raw_stream_is_one_event_per_token_then_done(gw):
     body = json.dumps({"model": MODEL, "prompt": [7] * 30, "max_tokens": 5, "stream": True})
     conn = http.client.HTTPConnection("127.0.0.1", gw.port, timeout=30)
-    conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+    conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json",
+                                                    "X-Request-ID": "raw-stream-1"})
     resp = conn.getresponse()
     assert resp.status == 200 and resp.getheader("Content-Type") == "text/event-stream"
+    assert resp.getheader("X-Request-ID") == "raw-stream-1"  # echoed, and in the record
     events = resp.read().decode().split("\n\n")
     conn.close()
     assert events[-2:] == ["data: [DONE]", ""] and len(events) == 7
@@ -224,6 +227,19 @@ def test_bad_requests_do_not_disturb_a_stream_in_flight(gw, tok, ref):
     assert encode(tok, "".join(texts)) == ref(encode(tok, "steady"), 120)
 
 
+@pytest.mark.parametrize("value, kept", [("044c6fd4-cceb", "044c6fd4-cceb"),
+                                         ("x" * 128, "x" * 128), ("x" * 129, None),
+                                         ("", None), ("a\tb", None), ("caf\u00e9", None)])
+def test_only_a_short_printable_x_request_id_is_kept(value, kept):
+    from aiohttp.test_utils import make_mocked_request
+
+    from testbed.pdd.roles.gateway import request_id
+
+    req = make_mocked_request("POST", "/v1/completions", headers={"X-Request-ID": value})
+    assert request_id(req) == kept
+    assert request_id(make_mocked_request("POST", "/v1/completions")) is None
+
+
 def _sse_lines(body: bytes) -> list[bytes]:
     """The ``data:`` lines of a chunked (HTTP/1.1) event stream."""
     return [line for line in body.split(b"\n") if line.startswith(b"data: ")]
@@ -237,6 +253,8 @@ def test_every_served_request_is_recorded_and_verifies(gw):
     assert len(done) == len(recs) - 1  # only the disconnected one failed
     assert all(r["pipeline"] == "p-rld-md" for r in done)
     assert all(r["gateway"]["http_status"] == 200 for r in done)
+    ids = [r["gateway"]["x_request_id"] for r in recs]  # the X-Request-ID headers sent
+    assert sorted(x for x in ids if x is not None) == ["raw-stream-1", "whole-1"]
     verdicts = verify_records(recs, gw.cfg.model)
     assert all(v.prefix_ok for v in verdicts)
     assert all(v.match for v in verdicts if v.status == "completed")

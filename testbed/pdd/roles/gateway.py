@@ -61,6 +61,21 @@ MAX_BODY_BYTES = 4 << 20
 _DONE = b"data: [DONE]\n\n"
 
 
+def request_id(request: web.Request) -> str | None:
+    """The client's ``X-Request-ID`` header (AIPerf sends one per request), kept in the
+    record and echoed in the response so a client's own export can be matched to the
+    gateway's records exactly; None when absent or not 1-128 printable ASCII characters."""
+    value = request.headers.get("X-Request-ID")
+    if value and len(value) <= 128 and value.isascii() and value.isprintable():
+        return value
+    return None
+
+
+def _echo(live: Live) -> dict[str, str]:
+    rid = live.info.get("x_request_id")
+    return {} if rid is None else {"X-Request-ID": rid}
+
+
 def _sse(obj: dict) -> bytes:
     return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
 
@@ -125,7 +140,8 @@ class Gateway:
     async def _generate(self, request: web.Request, parse, what: str) -> web.StreamResponse:
         t_received = time.monotonic()
         gen = parse(await self._body(request), self.served, lambda t: encode(self._tok, t))
-        info = {"api": what, "stream": gen.stream, "ttft_http_s": None, "http_status": None}
+        info = {"api": what, "stream": gen.stream, "ttft_http_s": None, "http_status": None,
+                "x_request_id": request_id(request)}
         live = await self.link.open(gen.prompt_ids, gen.max_tokens, gen.session, info,
                                     t_received)
         info = live.info
@@ -168,7 +184,7 @@ class Gateway:
         text = "".join(self._pieces[i] for i in ids)
         body = api.response_body(gen, live.info["id"], self.served.created, text, len(ids),
                                  "length")
-        return web.json_response(body)
+        return web.json_response(body, headers=_echo(live))
 
     async def _stream(self, request: web.Request, gen: api.Generate, live: Live,
                       deadline: float) -> web.StreamResponse:
@@ -177,7 +193,7 @@ class Gateway:
         while more := await self.link.next_ids(live, deadline):
             if resp is None:  # headers with the first token: an earlier failure keeps its status
                 resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                                   "Cache-Control": "no-cache"})
+                                                   "Cache-Control": "no-cache", **_echo(live)})
                 await resp.prepare(request)
             first = live.next_pos - len(more)
             chunks = [_sse(api.chunk_body(gen, rid, created, self._pieces[tok],
