@@ -6,6 +6,17 @@ pausing of a socket whose reader lags by more than ``recv_queue_bytes``, and
 write flow control (``drain``). Knows nothing about frames: ``transport.py``'s
 ``TcpConnection`` reads chunks from it and decodes them.
 
+Each time the event loop finds the socket readable it takes everything the
+kernel holds, up to ``READ_BYTES`` (a ``BufferedProtocol``: one ``recv_into``
+into this stream's buffer, then one copy out). A plain ``asyncio.Protocol``
+gets at most 256 KiB per loop iteration, and a role's event loop runs one
+iteration per decode step while its real compute blocks it: with 20 ms steps
+that capped a connection at 12.8 MB/s (this buffer: 88.8 MB/s), so MD's KV
+reception, not the emulated WAN, set the baseline's transfer times
+(quickstart on a 2-core machine where a step of 14 sequences took ~40 ms:
+0.037 of the 0.4 Gbit/s emulated line while KV was queued; a 28 MB transfer
+took 5.7 s). A real decoder's NIC writes KV into memory while it computes.
+
 Lifecycle: created by the event loop's protocol factory -> ``connection_made``
 (calls ``on_connected``) -> chunks queue up and are taken by ``read`` ->
 end of stream or reset (``connection_lost`` resolves ``lost``).
@@ -18,7 +29,10 @@ from collections import deque
 from collections.abc import Callable
 
 
-class TcpStream(asyncio.Protocol):
+READ_BYTES = 4 << 20  # the most one loop iteration takes from the socket
+
+
+class TcpStream(asyncio.BufferedProtocol):
     """Chunk queue and flow control of one TCP socket (see the module docstring).
 
     Made by a protocol factory, e.g.
@@ -35,11 +49,20 @@ class TcpStream(asyncio.Protocol):
         self._ended, self._error = False, None
         self._reading_paused = self._writing_paused = False
         self._waiters: set[asyncio.Future[None]] = set()  # a reader and/or a drainer
+        self._buffer: memoryview | None = None  # made at the first read (lazily zeroed pages)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         if self._on_connected is not None:
             self._on_connected(self)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self._buffer is None:
+            self._buffer = memoryview(bytearray(READ_BYTES))
+        return self._buffer
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.data_received(bytes(self._buffer[:nbytes]))
 
     def data_received(self, data: bytes) -> None:
         self._chunks.append(data)
