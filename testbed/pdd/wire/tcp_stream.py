@@ -8,7 +8,10 @@ write flow control (``drain``). Knows nothing about frames: ``transport.py``'s
 
 Each time the event loop finds the socket readable it takes everything the
 kernel holds, up to ``READ_BYTES`` (a ``BufferedProtocol``: one ``recv_into``
-into this stream's buffer, then one copy out). A plain ``asyncio.Protocol``
+into this stream's buffer, then one copy out). The buffer is an anonymous
+mapping, so only the pages a read has written are resident: an idle or
+control connection costs a page or two, not 4 MiB (a zero-filled
+``bytearray`` would; tests/unit/test_pdd_hostile.py's RSS bounds caught it). A plain ``asyncio.Protocol``
 gets at most 256 KiB per loop iteration, and a role's event loop runs one
 iteration per decode step while its real compute blocks it: with 20 ms steps
 that capped a connection at 12.8 MB/s (this buffer: 88.8 MB/s), so MD's KV
@@ -25,6 +28,7 @@ end of stream or reset (``connection_lost`` resolves ``lost``).
 from __future__ import annotations
 
 import asyncio
+import mmap
 from collections import deque
 from collections.abc import Callable
 
@@ -49,7 +53,7 @@ class TcpStream(asyncio.BufferedProtocol):
         self._ended, self._error = False, None
         self._reading_paused = self._writing_paused = False
         self._waiters: set[asyncio.Future[None]] = set()  # a reader and/or a drainer
-        self._buffer: memoryview | None = None  # made at the first read (lazily zeroed pages)
+        self._buffer: memoryview | None = None  # made at the first read
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -57,8 +61,8 @@ class TcpStream(asyncio.BufferedProtocol):
             self._on_connected(self)
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        if self._buffer is None:
-            self._buffer = memoryview(bytearray(READ_BYTES))
+        if self._buffer is None:  # pages exist once a read writes them (RSS: the largest read)
+            self._buffer = memoryview(mmap.mmap(-1, READ_BYTES))
         return self._buffer
 
     def buffer_updated(self, nbytes: int) -> None:
