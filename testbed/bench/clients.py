@@ -231,7 +231,8 @@ def per_request(cell: Path, client: str) -> dict | None:
     deltas = [(t - r["gateway"]["ttft_http_s"]) * 1e3 for t, _, r in pairs]
     exact = sum(1 for _, n, r in pairs if n == len(r["tokens"]) == r["max_out"])
     return {"matched": len(pairs), "matched_by": matched_by,
-            "delta_ms_p50": round(percentile(deltas, 50), 2), "delta_ms_p90": round(percentile(deltas, 90), 2),
+            "delta_ms_p50": round(percentile(deltas, 50), 2),
+            "delta_ms_p90": round(percentile(deltas, 90), 2),
             "delta_ms_min": round(min(deltas), 2), "delta_ms_max": round(max(deltas), 2),
             "tokens_exact": exact}
 

@@ -369,3 +369,34 @@ def test_kv_chunks_with_filler_arrive_whole_and_are_counted(make_backend):
             conn.close()
 
     run(scenario())
+
+
+def test_tcp_stream_takes_more_than_asyncio_s_256_kib_per_loop_pass():
+    """A loop blocked by compute (a decode step) takes all the kernel holds at its next
+    pass, up to READ_BYTES: asyncio's plain Protocol takes at most 256 KiB, which capped
+    MD's KV reception at 256 KiB per decode step (docs/pdd-roles.md, Known gaps)."""
+    from testbed.pdd.wire.tcp_stream import READ_BYTES, TcpStream
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        for s in (a, b):
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 << 20)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+        _, stream = await loop.connect_accepted_socket(lambda: TcpStream(16 << 20), b)
+        a.setblocking(False)
+        sent = 0
+        try:
+            while sent < 2 << 20:
+                sent += a.send(bytes(64 << 10))
+        except BlockingIOError:
+            pass
+        time.sleep(0.2)  # the loop is blocked, as by a decode step; the kernel holds `sent`
+        first = await stream.read()
+        a.close()
+        stream.transport.close()
+        return sent, len(first)
+
+    sent, first = run(scenario())
+    assert sent > 1 << 20, sent  # the kernel held over 1 MiB before the loop looked
+    assert (256 << 10) < first <= READ_BYTES and first == min(sent, READ_BYTES)
