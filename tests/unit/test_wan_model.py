@@ -279,6 +279,32 @@ def test_margin_forgets_old_errors_and_can_be_off():
         model(margin_quantile=1.5)
 
 
+def test_the_margin_of_a_short_transfer_scales_longer_transfers_errors_down():
+    """The errors of transfers predicted longer than the request being routed count in
+    proportion to its prediction; those of shorter or equal ones count whole. Quickstart's
+    cold 0.87 s transfer, 0.39 s late in TCP slow start, gives a 0.07 s one 0.03 s of margin,
+    not 0.39 s (unscaled, that margin alone nearly filled the 0.5 s threshold)."""
+    wan = model(margin_band_s=1.0, margin_quantile=1.0)
+    short = wan.predict(0.0, 10e6, 0.0)
+    long_ = wan.predict(0.0, 1e9, 0.0)
+    assert short.wan_s < long_.wan_s < 1.0
+    wan.watch(1, 0.0, 1e9, long_)
+    finish(wan, 1, long_, 0.0, long_.wan_s + 0.4)
+    assert wan.margin_s() == pytest.approx(0.4)  # unscaled: the raw error
+    assert wan.margin_s(wan_s=long_.wan_s) == pytest.approx(0.4)
+    assert wan.margin_s(wan_s=2.0) == pytest.approx(0.4)  # longer than it: whole
+    assert wan.margin_s(wan_s=short.wan_s) == pytest.approx(0.4 * short.wan_s / long_.wan_s)
+    # a short transfer that waited 0.3 s (a queue, an outage) counts whole for every size
+    wan.watch(2, 0.0, 10e6, short)
+    finish(wan, 2, short, 1.0, short.wan_s + 0.3)
+    assert wan.margin_s(wan_s=short.wan_s) == pytest.approx(0.3)
+    assert wan.margin_s(wan_s=long_.wan_s) == pytest.approx(0.4)
+    # an error recorded without its prediction counts whole
+    bare = model(margin_quantile=1.0)
+    bare.add_error(0.25)
+    assert bare.margin_s(wan_s=0.01) == pytest.approx(0.25)
+
+
 @pytest.mark.parametrize("others, mine, quantum, expected", [
     ([(0, 10), (0, 10)], (0, 1), 4, 9.0),     # one quantum of each ahead, then mine
     ([(0, 10), (0, 10)], (0, 1), 0, 3.0),     # quantum 0: the fluid limit

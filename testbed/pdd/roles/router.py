@@ -250,7 +250,7 @@ class RouterNode(RoleServer):
                                      min(n, cfg.prefill.kv_chunk_tokens) * kv_token_bytes)
         step = timing.cost(Role.RELAY_DECODE).decode_step_s(active + 1, (active + 1) * n)
         rld_decode_s = req.max_output_tokens * step * timing.time_scale
-        margin = self.wan.margin_s(now)
+        margin = self.wan.margin_s(now, pred.wan_s)  # scaled to this request's size
         d = choose_pipeline(cfg.mode, cfg.router, timing,
                             RouteInputs(n, req.max_output_tokens, pred.wan_s, rld_decode_s, room,
                                         warmup=bool(req.metadata.get("warmup")),

@@ -75,7 +75,17 @@ Inputs (all in nominal units: wire bytes x k):
   wrong prediction can flip) gives ``actual - predicted`` (overhead
   included); ``margin_s`` is the ``margin_quantile`` of the last
   ``margin_samples`` of them that are at most ``margin_window_s`` old (an
-  error's time is its KV_DONE), clamped to >= 0. The router decides
+  error's time is its KV_DONE), clamped to >= 0. Scaled to the request
+  being routed (``margin_s(now, wan_s)``): an error seen on a transfer
+  predicted at most as long as this one counts whole (a queue, an
+  outage or a stalled loop adds the same to any size), one seen on a
+  longer transfer counts in proportion ``wan_s / predicted`` (TCP slow
+  start on a fresh or idle connection and a capacity estimate above the
+  line's grow with the bytes). Unscaled, the first cold 1.2 GB transfers
+  of quickstart.yaml, 0.3-0.4 s late (about what slow start costs a
+  fresh connection: some 7 RTTs to open its 2 MB window), gave a 0.39 s margin to 0.07 s ones and relayed high-hit
+  requests; on the project's CI machine, slower again, they relayed all
+  24 and left none to pair (session 12). The router decides
   "short enough for p-md" on ``wan_s + margin_s``, a pessimistic
   prediction: a request routed p-md that waits longer than predicted
   (behind an in-flight prefix, a prefill backlog, or a capacity estimate
@@ -183,7 +193,8 @@ class WanModel:
             raise ValueError(f"margin quantile must be in [0, 1], got {margin_quantile}")
         self.margin_band_s, self.margin_quantile = margin_band_s, margin_quantile
         self.margin_window_s = margin_window_s
-        self._errors: deque[tuple[float, float]] = deque(maxlen=margin_samples)  # (t, error)
+        # (t, error, predicted wan_s)
+        self._errors: deque[tuple[float, float, float]] = deque(maxlen=margin_samples)
         self.n_errors = 0
         self._gbit = line_gbit  # the held estimate: the last busy window's, or a lower bound
         self._last_busy_s: float | None = None  # time of the newest busy sample
@@ -257,19 +268,24 @@ class WanModel:
         if latency:
             self.add_residual(actual - (pred.wan_s - pred.overhead_s))
         if pred.wan_s < self.margin_band_s:
-            self.add_error(actual - pred.wan_s, end)
+            self.add_error(actual - pred.wan_s, end, pred.wan_s)
 
-    def add_error(self, error_s: float, t_s: float = 0.0) -> None:
+    def add_error(self, error_s: float, t_s: float = 0.0,
+                  predicted_s: float | None = None) -> None:
         """actual - predicted WAN time (overhead included) of a near-threshold transfer whose
-        KV was complete at MD at ``t_s``."""
-        self._errors.append((t_s, error_s))
+        KV was complete at MD at ``t_s``; ``predicted_s``: its predicted WAN time (None:
+        unknown, the error counts whole for any request)."""
+        self._errors.append((t_s, error_s, 0.0 if predicted_s is None else predicted_s))
         self.n_errors += 1
 
-    def margin_s(self, now_s: float | None = None) -> float:
+    def margin_s(self, now_s: float | None = None, wan_s: float | None = None) -> float:
         """The ``margin_quantile`` of the errors of the last ``margin_window_s`` before
         ``now_s`` (None: every kept error), >= 0: what a pessimistic prediction adds; 0
-        without such an error or with quantile 0."""
-        recent = [e for t, e in self._errors
+        without such an error or with quantile 0. With ``wan_s`` (the prediction of the
+        request being routed), an error seen on a transfer predicted longer than ``wan_s``
+        counts ``wan_s / predicted`` of itself (the module docstring)."""
+        recent = [e if wan_s is None or p <= wan_s else e * (wan_s / p)
+                  for t, e, p in self._errors
                   if now_s is None or t >= now_s - self.margin_window_s]
         if not recent or self.margin_quantile == 0:
             return 0.0
