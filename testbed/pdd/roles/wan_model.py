@@ -80,12 +80,13 @@ Inputs (all in nominal units: wire bytes x k):
   predicted at most as long as this one counts whole (a queue, an
   outage or a stalled loop adds the same to any size), one seen on a
   longer transfer counts in proportion ``wan_s / predicted`` (TCP slow
-  start on a fresh or idle connection and a capacity estimate above the
-  line's grow with the bytes). Unscaled, the first cold 1.2 GB transfers
-  of quickstart.yaml, 0.3-0.4 s late (about what slow start costs a
-  fresh connection: some 7 RTTs to open its 2 MB window), gave a 0.39 s margin to 0.07 s ones and relayed high-hit
-  requests; on the project's CI machine, slower again, they relayed all
-  24 and left none to pair (session 12). The router decides
+  start on a fresh connection and a capacity estimate above the line's
+  grow with the bytes). Unscaled, the first cold 1.2 GB transfers of
+  quickstart.yaml, 0.3-0.4 s late (about what slow start costs a fresh
+  connection: some 7 RTTs to open its 2 MB window), gave a 0.39 s margin
+  to 0.07 s ones and relayed high-hit requests; on the project's CI
+  machine, slower again, they relayed all 24 and left none to pair
+  (session 12). The router decides
   "short enough for p-md" on ``wan_s + margin_s``, a pessimistic
   prediction: a request routed p-md that waits longer than predicted
   (behind an in-flight prefix, a prefill backlog, or a capacity estimate
