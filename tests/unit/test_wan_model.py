@@ -282,8 +282,8 @@ def test_margin_forgets_old_errors_and_can_be_off():
 def test_the_margin_of_a_short_transfer_scales_longer_transfers_errors_down():
     """The errors of transfers predicted longer than the request being routed count in
     proportion to its prediction; those of shorter or equal ones count whole. Quickstart's
-    cold 0.87 s transfer, 0.39 s late in TCP slow start, gives a 0.07 s one 0.03 s of margin,
-    not 0.39 s (unscaled, that margin alone nearly filled the 0.5 s threshold)."""
+    0.87 s transfer, 0.39 s late behind the cold ones (slow start on a fresh connection),
+    gives a 0.07 s one 0.03 s of margin, not 0.39 s (unscaled, that margin alone nearly filled the 0.5 s threshold)."""
     wan = model(margin_band_s=1.0, margin_quantile=1.0)
     short = wan.predict(0.0, 10e6, 0.0)
     long_ = wan.predict(0.0, 1e9, 0.0)

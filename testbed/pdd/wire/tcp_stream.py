@@ -12,8 +12,9 @@ into this stream's buffer, then one copy out). The buffer is an anonymous
 mapping, so only the pages a read has written are resident: an idle or
 control connection costs a page or two, not 4 MiB (a zero-filled
 ``bytearray`` would; tests/unit/test_pdd_hostile.py's RSS bounds caught it).
-A plain ``asyncio.Protocol`` gets at most 256 KiB per loop iteration, and a role's event loop runs one
-iteration per decode step while its real compute blocks it: with 20 ms steps
+A plain ``asyncio.Protocol`` gets at most 256 KiB per loop iteration, and a
+role's event loop runs one iteration per decode step while its real compute
+blocks it: with 20 ms steps
 that capped a connection at 12.8 MB/s (this buffer: 88.8 MB/s), so MD's KV
 reception, not the emulated WAN, set the baseline's transfer times
 (quickstart on a 2-core machine where a step of 14 sequences took ~40 ms:
