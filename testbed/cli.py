@@ -171,11 +171,20 @@ def cmd_run(args) -> int:
         return 0
     with out_dir_lock(out, "testbed run " + args.scenario):
         summary = run_scenario(sc, opts)
-    from testbed.report.summary import summary_table
+    from testbed.report.summary import exit_code, summary_table
 
     print(summary_table(summary))
     print(f"report: {out / 'report.md'}")
-    return 0 if summary["passed"] else 1
+    return _fidelity_exit(summary, exit_code(summary))
+
+
+def _fidelity_exit(summary: dict, code: int) -> int:
+    """``code``, saying on stderr why a strict scenario's degraded run exits 2."""
+    if code == 2:
+        print("testbed: the scenario requires a faithful emulation (fidelity: strict) and "
+              "this run's was degraded: " + "; ".join(summary["fidelity"]["reasons"]),
+              file=sys.stderr)
+    return code
 
 
 def cmd_suite(args) -> int:
@@ -207,7 +216,9 @@ def cmd_report(args) -> int:
 
     summary = build_report(Path(args.run_dir))
     print(summary_table(summary))
-    return 0 if summary["passed"] else 1
+    from testbed.report.summary import exit_code
+
+    return _fidelity_exit(summary, exit_code(summary))
 
 
 def cmd_compare(args) -> int:

@@ -30,7 +30,9 @@ Control protocol (JSON datagrams; every reply carries ``"ok"``):
   (missing fields take their defaults) -> ``{"ok": true}``.
 - ``{"op": "stats"}`` -> ``{"ok": true, "frames_in": .., "frames_out": ..,
   "bytes_in": .., "bytes_out": .., "dropped_loss": .., "dropped_limit": ..,
-  "dropped_down": .., "dropped_tx": .., "dropped_kernel": .., "held": ..}``.
+  "dropped_down": .., "dropped_tx": .., "dropped_kernel": .., "held": ..,
+  "lateness": {...}}``; ``lateness`` is the histogram (testbed.histogram) of how late each
+  sent frame left, its send time minus its scheduled release time.
   Bytes count Ethernet frames without the vnet header. frames_in = frames_out
   + dropped_{loss,limit,down,tx} + held; dropped_kernel counts frames the
   kernel dropped before the delay line read them (it is saturated).
@@ -252,7 +254,7 @@ class DelayLine:
             except OSError:  # ENOBUFS (qdisc full), ENETDOWN...
                 self.queue.record_tx_error()
             else:
-                self.queue.record_sent(size)
+                self.queue.record_sent(size, time.monotonic())
 
 
 class DelayLineControl:

@@ -38,9 +38,11 @@ import itertools
 import json
 import math
 import random
+from collections import deque
 from dataclasses import asdict, dataclass, field, fields
 from statistics import NormalDist
 
+from testbed.histogram import LatencyHistogram
 from testbed.spec.link import JITTER_DISTRIBUTIONS, LOSS_MODELS
 
 # netem's distribution tables run from -4 to +4 (s16 entries / NETEM_DIST_SCALE 8192).
@@ -246,6 +248,9 @@ class LineStats:
     dropped_down: int = 0
     dropped_tx: int = 0  # the out interface refused the frame (e.g. ENOBUFS)
     dropped_kernel: int = 0  # IF_IN socket buffer overflowed (saturated); not in frames_in
+    # how late each sent frame left: its send time minus its release time (the fidelity
+    # of the emulated delay; testbed.report.fidelity)
+    lateness: LatencyHistogram = field(default_factory=LatencyHistogram)
 
 
 class HoldQueue:
@@ -255,6 +260,7 @@ class HoldQueue:
         self.stats = LineStats()
         self._heap: list[tuple[float, int, object, int]] = []
         self._tail_s = -math.inf  # latest release time of a delayed frame
+        self._due_release_s: deque[float] = deque()
         self._arrival = itertools.count()
         self._params = params
         self._rng = random.Random(params.seed)
@@ -313,21 +319,33 @@ class HoldQueue:
     def pop_due(self, now_s: float) -> list[tuple[object, int]]:
         """Frames (with sizes) whose release time has come; dropped if the link is down."""
         due = []
+        self._due_release_s = deque()  # release times of ``due``, consumed by record_sent/_tx_error
         heap = self._heap
         while heap and heap[0][0] <= now_s:
-            _, _, frame, size = heapq.heappop(heap)
+            release_s, _, frame, size = heapq.heappop(heap)
             if self._params.up:
                 due.append((frame, size))
+                self._due_release_s.append(release_s)
             else:
                 self.stats.dropped_down += 1
         return due
 
-    def record_sent(self, size: int) -> None:
+    def record_sent(self, size: int, sent_s: float | None = None) -> None:
+        """The next frame of the last ``pop_due`` was sent (at ``sent_s``: its lateness,
+        sent_s minus its release time, goes to ``stats.lateness``)."""
         self.stats.frames_out += 1
         self.stats.bytes_out += size
+        release_s = self._due_release_s.popleft() if self._due_release_s else None
+        if sent_s is not None and release_s is not None:
+            self.stats.lateness.add_ms((sent_s - release_s) * 1000.0)
 
     def record_tx_error(self) -> None:
+        """The next frame of the last ``pop_due`` was refused by the out interface."""
         self.stats.dropped_tx += 1
+        if self._due_release_s:
+            self._due_release_s.popleft()
 
-    def stats_dict(self) -> dict[str, int]:
-        return {**asdict(self.stats), "held": self.held}
+    def stats_dict(self) -> dict:
+        counters = {f.name: getattr(self.stats, f.name) for f in fields(self.stats)
+                    if f.name != "lateness"}
+        return {**counters, "held": self.held, "lateness": self.stats.lateness.to_dict()}

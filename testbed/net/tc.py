@@ -55,7 +55,8 @@ def shape(ipr, index: int, ch: Channel, netem: bool) -> None:
 
 
 def class_stats(ipr, index: int) -> dict:
-    """Bytes/packets/drops sent by the htb class (link byte accounting)."""
+    """Bytes/packets/drops sent by the htb class (link byte accounting) and the bytes
+    queued in its leaf now (``backlog``: the shaper is the bottleneck while it is > 0)."""
     for msg in ipr.get_classes(index=index):
         if msg.get_attr("TCA_KIND") == "htb":
             st = msg.get_attr("TCA_STATS2")
@@ -63,5 +64,6 @@ def class_stats(ipr, index: int) -> dict:
             queue = st.get_attr("TCA_STATS_QUEUE") if st else None
             return {"bytes": basic["bytes"] if basic else 0,
                     "packets": basic["packets"] if basic else 0,
-                    "drops": queue["drops"] if queue else 0}
-    return {"bytes": 0, "packets": 0, "drops": 0}
+                    "drops": queue["drops"] if queue else 0,
+                    "backlog": queue["backlog"] if queue else 0}
+    return {"bytes": 0, "packets": 0, "drops": 0, "backlog": 0}

@@ -177,6 +177,49 @@ def _expectations(summary: dict) -> list[str]:
     return out + [""]
 
 
+def _ms(v: object) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
+def _fidelity(fid: Mapping) -> list[str]:
+    """How faithfully the host emulated each mode (testbed/report/fidelity.py)."""
+    if not fid.get("modes"):
+        return []
+    tol = fid.get("tolerances") or {}
+    out = ["## Fidelity", "",
+           f"Verdict: **{fid.get('verdict') or 'not measured'}** (policy `{fid.get('policy')}`). "
+           "Tolerances (docs/design.md, \"The fidelity verdict\"): "
+           + ", ".join(f"{k} {v:g}" for k, v in tol.items()) + ".", ""]
+    out += [f"- {r}" for r in fid.get("reasons", [])] + ([""] if fid.get("reasons") else [])
+    out += ["| mode | figure | value |", "|---|---|---|"]
+    for mode, m in fid["modes"].items():
+        net = m.get("network") or {}
+        for cid, d in (net.get("delay_lines") or {}).items():
+            out.append(f"| {mode} | delay line {cid}: lateness p50 / p99 / max ms, unexplained "
+                       f"drops | {_ms(d.get('lateness_p50_ms'))} / {_ms(d.get('lateness_p99_ms'))}"
+                       f" / {_ms(d.get('lateness_max_ms'))}, {d.get('unexplained_drops', 0)} of "
+                       f"{d.get('frames', 0)} |")
+        rtt = net.get("rtt") or {}
+        if rtt.get("probes"):
+            out.append(f"| {mode} | live RTT excess p50 / p99 ms ({rtt['probes']} probes) | "
+                       f"{_ms(rtt['excess_p50_ms'])} / {_ms(rtt['excess_p99_ms'])} |")
+        for cid, d in (net.get("shapers") or {}).items():
+            out.append(f"| {mode} | shaper {cid}: delivered / configured while backlogged | "
+                       f"{d['delivered_ratio']:.3f} over {d['backlogged_s']:g} s |")
+        for name, r in ((m.get("compute") or {}).get("roles") or {}).items():
+            pace = "" if r.get("overrun_time_share") is None else \
+                f"overran {r['overrun_time_share']:.1%} of modeled time " \
+                f"({r['overrun_step_share']:.1%} of {r['steps']} steps), "
+            out.append(f"| {mode} | {name} ({r.get('role')}) | {pace}loop lag p99 "
+                       f"{_ms(r.get('loop_lag_p99_ms'))} ms, max {_ms(r.get('loop_lag_max_ms'))} |")
+        host = m.get("host") or {}
+        if host:
+            busy = ", ".join("-" if b is None else f"{b:.0%}" for b in host["cpu_busy_share"])
+            out.append(f"| {mode} | host: CPU busy per core, peak memory | {busy}; "
+                       f"{host['mem_peak_bytes'] / 2**30:.2f} GiB ({host['mem_peak_share']:.0%}) |")
+    return out + [""]
+
+
 def _versus_paper(run: RunData, summary: dict) -> list[str]:
     modes = summary["modes"]
     out = ["## Versus the paper", ""]
@@ -247,10 +290,12 @@ def render(run: RunData, summary: dict, plots: Sequence[Plot],
     failed = [e["name"] for e in summary["expectations"] if not e["passed"]]
     verdict = "PASSED" if summary["passed"] else "FAILED"
     why = f" (failed: {', '.join(failed)})" if failed else ""
+    fid = summary.get("fidelity") or {}
     head = [f"# Run report: {summary['scenario']}", "",
-            f"**Result: {verdict}**{why}. Baseline for comparisons: "
+            f"**Result: {verdict}**{why}. **Fidelity: {fid.get('verdict') or 'not measured'}**"
+            f"{' (strict)' if fid.get('policy') == 'strict' else ''}. Baseline for comparisons: "
             f"`{baseline_of(run)}`. Machine-readable figures: [summary.json](summary.json).", ""]
     lines = (head + _what_ran(run) + _metrics_table(run, summary) + _comparisons(summary)
-             + _expectations(summary) + _versus_paper(run, summary) + _captures(captures or {})
-             + _plots(plots))
+             + _expectations(summary) + _fidelity(fid) + _versus_paper(run, summary)
+             + _captures(captures or {}) + _plots(plots))
     return "\n".join(lines).rstrip() + "\n"

@@ -47,6 +47,7 @@ class LinkSample(NamedTuple):
     drops: int
     nominal_rate_gbit: float | None
     emulated_rate_gbit: float | None
+    backlog_bytes: int | None = None  # queued in the leaf at the read (absent in older runs)
 
 
 @dataclass(frozen=True)
@@ -167,4 +168,5 @@ def _link_sample(row: dict) -> LinkSample:
 
     return LinkSample(float(row["t_mono"]), row["link"], row["direction"], int(row["bytes"]),
                       int(row["packets"]), int(row["drops"]),
-                      opt("nominal_rate_gbit"), opt("emulated_rate_gbit"))
+                      opt("nominal_rate_gbit"), opt("emulated_rate_gbit"),
+                      int(row["backlog_bytes"]) if row.get("backlog_bytes") else None)

@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import json
 
+from testbed.report import fidelity
 from testbed.report.expectations import evaluate
 from testbed.report.metrics import (DEFAULT_COMPARED, PAIRED_METRICS, Sla, compare,
-                                    mode_metrics, paired_metrics)
+                                    mode_metrics, paired_metrics, workload_window)
 from testbed.report.rundir import RunData
 
 BASELINE_MODE = "cross-dc-pd"
@@ -97,6 +98,7 @@ def summarize(run: RunData) -> dict:
     paired = {(a, b): paired_metrics(records[a], records[b]) for a, b in pairs
               if a in records and b in records}
     results = evaluate(run.resolved.get("expectations") or [], modes, paired)
+    fid = fidelity_of(run)
     return {
         "scenario": run.metadata.get("scenario") or run.resolved.get("name") or run.path.name,
         "backend": run.metadata.get("backend"),
@@ -107,7 +109,33 @@ def summarize(run: RunData) -> dict:
         "expectations": results,
         "passed": all(r["passed"] for r in results) and all(map(tokens_intact, modes.values())),
         "failures": failures(modes, results),
+        "fidelity": fid,
     }
+
+
+def fidelity_of(run: RunData) -> dict:
+    """summary.json's ``fidelity``: per mode and for the run (testbed.report.fidelity)."""
+    topology = run.metadata.get("topology") or {}
+    hosts = fidelity.probe_hosts(topology)
+    modes = {}
+    for m in run.modes:
+        window = workload_window(m.events, m.requests)
+        modes[m.name] = fidelity.mode_fidelity(run.path / m.name, m.events, m.links, topology,
+                                               window, hosts)
+    return fidelity.combine(modes, run.resolved.get("fidelity") or "report")
+
+
+def exit_code(summary: dict) -> int:
+    """0 passed, 1 failed; 2 when the scenario declares ``fidelity: strict`` and the
+    run's fidelity is degraded (its figures measure the host, not PDD)."""
+    if strict_degraded(summary):
+        return 2
+    return 0 if summary["passed"] else 1
+
+
+def strict_degraded(summary: dict) -> bool:
+    fid = summary.get("fidelity") or {}
+    return fid.get("policy") == "strict" and fid.get("verdict") == fidelity.DEGRADED
 
 
 def summary_json(summary: dict) -> str:
@@ -138,4 +166,8 @@ def summary_table(summary: dict) -> str:
                       f"(bound {e['bound']})")
     lines.append("passed" if summary["passed"] else "FAILED")
     lines += [f"  because {why}" for why in summary.get("failures", [])]
+    fid = summary.get("fidelity") or {}
+    lines.append(f"fidelity {fid.get('verdict') or 'not measured'}"
+                 + (" (strict: exit 2)" if strict_degraded(summary) else ""))
+    lines += [f"  because {why}" for why in fid.get("reasons", [])]
     return "\n".join(lines)

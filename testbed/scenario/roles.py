@@ -8,7 +8,9 @@ JSONL, starts one ``python -m testbed.pdd.run.node`` per role inside its host
 stop them), waits for each ``ready``, then starts the client. It can kill a
 role process (fault ``kill``) and stops everything at the end.
 
-Role processes log to ``MODE/roles/NAME.log``.
+Role processes log to ``MODE/roles/NAME.log`` and append their fidelity
+counters (pacer overruns, event-loop lag; testbed.pdd.run.probe) to
+``MODE/roles/NAME.stats.jsonl``.
 """
 
 from __future__ import annotations
@@ -60,8 +62,11 @@ class RoleSet:
 
     def _start(self, inst: dict, extra: list[str], log_mode: str = "w") -> subprocess.Popen:
         log = (self.logs / f"{inst['name']}.log").open(log_mode)
+        stats = self.logs / f"{inst['name']}.stats.jsonl"
+        if log_mode == "w":
+            stats.unlink(missing_ok=True)  # a restart appends (a new pid), a new run starts afresh
         argv = [sys.executable, "-m", "testbed.pdd.run.node", str(self.config_path), inst["name"],
-                "--log-level", "INFO"] + extra
+                "--log-level", "INFO", "--stats", str(stats)] + extra
         proc = self.net.popen(self._host_of(inst), argv, what=f"{inst['role']} {inst['name']}",
                               stdout=subprocess.PIPE, stderr=log)
         log.close()

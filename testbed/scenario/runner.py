@@ -30,7 +30,7 @@ from testbed.net.calibrate import parse_ping
 from testbed.net.events import EventLog
 from testbed.scenario.faults import Action, actions_for
 from testbed.scenario.metadata import write_metadata
-from testbed.scenario.sampler import SAMPLE_EVERY_S, LinkSampler
+from testbed.scenario.sampler import SAMPLE_EVERY_S, LinkSampler, RttProbe
 from testbed.scenario.status import Status
 from testbed.spec.scenario import ModeRun, Scenario
 from testbed.spec.topology import Role
@@ -78,12 +78,18 @@ def run_timeline(actions: list[Action], t0: float, until, tick) -> None:
             action.run()
 
 
-def preflight(net, tol_ms: float = PREFLIGHT_RTT_TOL_MS) -> dict:
-    """The WAN delivers its configured RTT before any workload (else exit 2)."""
-    topo = net.plan.topology
+def probe_hosts(topo) -> tuple[str, str]:
+    """The hosts an RTT probe runs between: the client's (DC A) and MD's (DC B)."""
     a, b = topo.datacenters
     src = next((h.name for h in a.hosts if Role.CLIENT in h.roles), a.hosts[0].name)
     dst = next((h.name for h in b.hosts if Role.MAIN_DECODE in h.roles), b.hosts[0].name)
+    return src, dst
+
+
+def preflight(net, tol_ms: float = PREFLIGHT_RTT_TOL_MS) -> dict:
+    """The WAN delivers its configured RTT before any workload (else exit 2)."""
+    topo = net.plan.topology
+    src, dst = probe_hosts(topo)
     net.run(src, ["ping", "-c", "2", "-i", "0.2", "-W", "2", net.ip(dst)], timeout=20)
     r = net.run(src, ["ping", "-q", "-c", "20", "-i", "0.02", "-W", "2", net.ip(dst)], timeout=30)
     ping = parse_ping(r.stdout)
@@ -120,11 +126,12 @@ def run_mode(sc: Scenario, mode: ModeRun, plan_args: dict, out: Path,
     with EmulatedNetwork(plan, events) as net:
         preflight(net, preflight_tol_ms)
         sampler = LinkSampler(net, mode_dir / "links.csv")
-        roles = None
+        roles = rtt = None
         capture = WanCapture(net, mode_dir / "wan.pcap") if pcap else nullcontext()
         try:
             capture.__enter__()
             roles = start_roles(net, sc, mode, workload, mode_dir, ready_timeout_s)
+            rtt = RttProbe(net, *probe_hosts(net.plan.topology), mode_dir / "ping.txt")
             actions = [a for fault in sc.faults for a in actions_for(fault, net, roles)]
             status = Status(mode.value, workload, roles, sampler, sc.faults)
             deadline = roles.t0 + run_deadline_s(sc, mode, workload.stats.span_s)
@@ -142,6 +149,8 @@ def run_mode(sc: Scenario, mode: ModeRun, plan_args: dict, out: Path,
                           timed_out=not roles.client_done())
             status.finish()
         finally:
+            if rtt is not None:
+                rtt.close()
             capture.__exit__(None, None, None)
             sampler.close()
             if roles is not None:

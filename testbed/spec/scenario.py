@@ -101,6 +101,9 @@ class ModeRun:
         return self.name
 
 
+FIDELITY_POLICIES = ("report", "strict")
+
+
 @dataclass(frozen=True)
 class Scenario:
     name: str
@@ -117,6 +120,9 @@ class Scenario:
     scale: float | None = None  # None: automatic
     backend: str = "auto"
     drain_s: float = 60.0       # wait after the last arrival before failing what is left
+    # "strict": a run whose fidelity verdict is degraded exits 2 (testbed/report/fidelity.py);
+    # "report": the verdict is reported beside the result only
+    fidelity: str = "report"
     extra: dict = field(default_factory=dict, compare=False)
 
 
@@ -216,7 +222,8 @@ def parse_scenario(data: object, file: str) -> Scenario:
         seed=f.int("seed", 1, lo=0),
         scale=None if scale == "auto" else scale,
         backend=f.choice("backend", ("auto", "netem", "userspace"), "auto"),
-        drain_s=f.num("drain_s", 60.0, lo=0, unit="s"))
+        drain_s=f.num("drain_s", 60.0, lo=0, unit="s"),
+        fidelity=f.choice("fidelity", FIDELITY_POLICIES, "report"))
     f.done()
     return sc
 

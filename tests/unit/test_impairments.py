@@ -285,7 +285,8 @@ def test_handle_control_stats_set_and_errors():
     stats = handle_control(q, b'{"op": "stats"}')
     assert stats == {"ok": True, "frames_in": 0, "frames_out": 0, "bytes_in": 0, "bytes_out": 0,
                      "dropped_loss": 0, "dropped_limit": 0, "dropped_down": 0,
-                     "dropped_tx": 0, "dropped_kernel": 0, "held": 0}
+                     "dropped_tx": 0, "dropped_kernel": 0, "held": 0,
+                     "lateness": {"n": 0, "sum_ms": 0.0, "max_ms": 0.0, "counts": {}}}
     assert handle_control(q, b'{"op": "set", "params": {"delay_ms": 7}}') == {"ok": True}
     assert q.params == DelayParams(delay_ms=7)
     bad = handle_control(q, b'{"op": "set", "params": {"loss_pct": 300}}')
@@ -327,3 +328,20 @@ def test_control_client_times_out_clearly(tmp_path):
     (tmp_path / "silent.sock").unlink()
     with pytest.raises(EmulationError, match="cannot reach"):
         DelayLineControl(str(tmp_path / "absent.sock"), timeout_s=0.2).stats()
+
+
+def test_lateness_is_each_sent_frames_send_time_minus_its_release_time():
+    q = HoldQueue(DelayParams(delay_ms=10))
+    q.admit(0.0, "a", 100)
+    q.admit(0.001, "b", 100)
+    q.admit(0.002, "c", 100)
+    due = q.pop_due(0.0115)  # a and b are due (release 0.010, 0.011)
+    assert [f for f, _ in due] == ["a", "b"]
+    q.record_sent(100, sent_s=0.0120)  # a: 2.0 ms late
+    q.record_tx_error()  # b refused: no lateness, the next record is c's
+    q.pop_due(0.0125)
+    q.record_sent(100, sent_s=0.0121)  # c: released at 0.012, 0.1 ms late
+    late = q.stats_dict()["lateness"]
+    assert late["n"] == 2
+    assert late["max_ms"] == pytest.approx(2.0)
+    assert late["sum_ms"] == pytest.approx(2.1)

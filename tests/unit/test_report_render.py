@@ -19,7 +19,7 @@ from testbed.report.rundir import ReportError, load_run
 
 CANNED = Path(__file__).parent / "fixtures" / "run-canned"
 TOP_KEYS = ["scenario", "backend", "scale", "modes", "comparisons", "paired", "expectations",
-            "passed", "failures"]
+            "passed", "failures", "fidelity"]
 MODE_KEYS = ["requests_total", "requests_completed", "requests_failed", "tokens_lost",
              "tokens_duplicated", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "ttft_high_hit_p50_s",
              "tpot_p50_ms", "e2e_p99_s", "goodput_rps", "handoff_stall_p99_ms", "relay_overhead_p50_ms",

@@ -7,7 +7,9 @@ also connected to every P, RLD and MD), then serves until SIGTERM or SIGINT,
 stops cleanly (closes its listener and connections) and exits 0. A client
 instance needs ``--workload FILE`` (JSONL: id, arrival_s, prompt, max_out,
 session) and ``--out FILE`` (requests.jsonl); it prints ``ready``, replays
-the workload, writes the records and exits 0.
+the workload, writes the records and exits 0. ``--stats FILE``: the process
+appends its fidelity counters (pacer overruns, event-loop lag) to FILE
+every second and at stop (testbed.pdd.run.probe).
 
 Exit codes: 0 clean stop, 2 bad config or arguments (message on stderr),
 1 a role failed to start or crashed.
@@ -26,6 +28,7 @@ from testbed.errors import SpecError, TestbedError
 from testbed.pdd.roles.client import Client, load_requests, warmup_problems, write_records
 from testbed.pdd.run.cluster import ROLE_CLASSES
 from testbed.pdd.run.config import ClusterConfig, frame_limit, load_config
+from testbed.pdd.run.probe import RoleProbe, pacer_of
 from testbed.pdd.compute.model import set_threads
 from testbed.pdd.wire.transport import TcpOptions, TcpTransport
 from testbed.pdd.wire.fields import Role
@@ -41,22 +44,36 @@ def tcp_options(cfg: ClusterConfig) -> TcpOptions:
                       max_connections=lim.max_connections)
 
 
-async def serve_role(cfg: ClusterConfig, name: str) -> None:
-    """Run a server role until SIGTERM/SIGINT."""
+def _probe(stats: str | None, cfg: ClusterConfig, name: str, node: object = None):
+    """The role's fidelity probe writing to ``stats`` (started), or None without one."""
+    if not stats:
+        return None
+    probe = RoleProbe(stats, name, cfg.instance(name).role.name.lower(), pacer_of(node))
+    probe.start()
+    return probe
+
+
+async def serve_role(cfg: ClusterConfig, name: str, stats: str | None = None) -> None:
+    """Run a server role until SIGTERM/SIGINT (``stats``: its RoleProbe's file)."""
     node = ROLE_CLASSES[cfg.instance(name).role](cfg, name, TcpTransport(tcp_options(cfg)))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    probe = None
     try:
         await node.start()
+        probe = _probe(stats, cfg, name, node)
         print("ready", flush=True)
         await stop.wait()
     finally:
         await node.stop()
+        if probe is not None:
+            await probe.stop()
 
 
-async def run_client(cfg: ClusterConfig, name: str, workload: str, out: str) -> None:
+async def run_client(cfg: ClusterConfig, name: str, workload: str, out: str,
+                     stats: str | None = None) -> None:
     """Warm-up requests first (records in warmup.jsonl beside ``out``; any failure ends the
     client with exit 1 before "ready"), then "ready" and the measured replay."""
     requests = load_requests(workload)
@@ -73,11 +90,14 @@ async def run_client(cfg: ClusterConfig, name: str, workload: str, out: str) -> 
         progress.write(f"{request_id}\n")
         progress.flush()
 
+    probe = _probe(stats, cfg, name)
     print("ready", flush=True)
     try:
         records = await Client(cfg, TcpTransport(tcp_options(cfg)), name, on_end).run(requests)
     finally:
         progress.close()
+        if probe is not None:
+            await probe.stop()
     write_records(out, records)
 
 
@@ -88,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("name", help="this process's instance name")
     ap.add_argument("--workload", help="client: JSONL workload")
     ap.add_argument("--out", help="client: requests.jsonl to write")
+    ap.add_argument("--stats", help="append the role's fidelity counters to this JSONL file "
+                                    "(testbed.pdd.run.probe)")
     ap.add_argument("--log-level", default="WARNING")
     args = ap.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
@@ -104,12 +126,12 @@ def main(argv: list[str] | None = None) -> int:
             print("error: a client instance needs --workload and --out", file=sys.stderr)
             return 2
         try:
-            asyncio.run(run_client(cfg, args.name, args.workload, args.out))
+            asyncio.run(run_client(cfg, args.name, args.workload, args.out, args.stats))
         except SpecError as err:  # a bad workload file
             print(f"error: {err}", file=sys.stderr)
             return 2
     else:
-        asyncio.run(serve_role(cfg, args.name))
+        asyncio.run(serve_role(cfg, args.name, args.stats))
     return 0
 
 

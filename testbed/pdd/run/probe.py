@@ -1,0 +1,94 @@
+"""A role process's own fidelity figures: its pacer's overruns and its event loop's lag.
+
+Owns ``RoleProbe``: inside a role process it runs two asyncio tasks, a
+loop-lag probe (sleeps ``LAG_PERIOD_S`` and records how much later than
+asked it woke: the time a frame or a timer waited behind other work on the
+loop) and a writer that appends one JSON line of cumulative counters to
+the stats file every ``WRITE_EVERY_S`` and once more at stop::
+
+    {"t_mono", "pid", "name", "role",
+     "pacer": {"n_steps", "n_overruns", "overrun_s", "modeled_s"},   # null for router, client
+     "loop_lag": {histogram: testbed.histogram}}
+
+The counters are cumulative per process (a restarted instance appends with
+a new pid and starts from zero), so the report takes the difference of the
+snapshots around its workload window (testbed/report/fidelity.py). The file
+is written by the role itself; the runner only names it (``--stats``).
+
+Example::
+
+    probe = RoleProbe(path, name="md1", role="main_decode", pacer=node.decoder.pacer)
+    probe.start(); ...; await probe.stop()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from pathlib import Path
+
+from testbed.histogram import LatencyHistogram
+from testbed.pdd.compute.pacing import AsyncPacer
+
+LAG_PERIOD_S = 0.02
+WRITE_EVERY_S = 1.0
+
+
+class RoleProbe:
+    """Loop lag and pacer counters of one role process, appended to a JSONL file."""
+
+    def __init__(self, path: str | Path, name: str, role: str, pacer: AsyncPacer | None = None,
+                 clock=time.monotonic):
+        self.path, self.name, self.role, self.pacer = Path(path), name, role, pacer
+        self.lag = LatencyHistogram()
+        self._clock = clock
+        self._tasks: list[asyncio.Task] = []
+
+    def snapshot(self) -> dict:
+        st = self.pacer.stats if self.pacer is not None else None
+        pacer = None if st is None else {
+            "n_steps": st.n_steps, "n_overruns": st.n_overruns,
+            "overrun_s": round(st.overrun_s, 6), "modeled_s": round(st.modeled_s, 6)}
+        return {"t_mono": round(self._clock(), 4), "pid": os.getpid(), "name": self.name,
+                "role": self.role, "pacer": pacer, "loop_lag": self.lag.to_dict()}
+
+    def write(self) -> None:
+        with self.path.open("a") as fh:
+            fh.write(json.dumps(self.snapshot()) + "\n")
+
+    async def _lag_loop(self) -> None:
+        while True:
+            t0 = self._clock()
+            await asyncio.sleep(LAG_PERIOD_S)
+            self.lag.add_ms((self._clock() - t0 - LAG_PERIOD_S) * 1000.0)
+
+    async def _write_loop(self) -> None:
+        while True:
+            self.write()
+            await asyncio.sleep(WRITE_EVERY_S)
+
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._lag_loop()),
+                       asyncio.create_task(self._write_loop())]
+
+    async def stop(self) -> None:
+        """Stop both tasks and write the last snapshot."""
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            try:
+                await t
+            except asyncio.CancelledError:
+                pass
+        self._tasks = []
+        self.write()
+
+
+def pacer_of(node: object) -> AsyncPacer | None:
+    """The pacer of a role object: P's own, RLD's and MD's decode loop's; None for the router."""
+    pacer = getattr(node, "pacer", None)
+    if pacer is None:
+        pacer = getattr(getattr(node, "decoder", None), "pacer", None)
+    return pacer if isinstance(pacer, AsyncPacer) else None

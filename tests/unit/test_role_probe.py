@@ -1,0 +1,54 @@
+"""RoleProbe: a blocked event loop shows as lag; pacer overruns reach the stats file."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+from testbed.pdd.compute.pacing import AsyncPacer
+from testbed.pdd.run.probe import RoleProbe, pacer_of
+
+
+def test_a_blocked_loop_is_recorded_as_lag_and_overruns_as_pacer_counters(tmp_path):
+    path = tmp_path / "md1.stats.jsonl"
+    pacer = AsyncPacer(time_scale=1.0)
+
+    async def main():
+        probe = RoleProbe(path, "md1", "main_decode", pacer)
+        probe.start()
+        await asyncio.sleep(0.05)
+        time.sleep(0.15)  # a forward pass that holds the loop: the probe wakes >= 0.1 s late
+        await pacer.pad(0.001, 0.004)  # one step that overran its modeled 1 ms by 3 ms
+        await pacer.pad(0.010, 0.001)  # one that did not
+        await asyncio.sleep(0.05)
+        await probe.stop()
+
+    asyncio.run(main())
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    assert len(lines) >= 2  # one at start, one at stop
+    last = lines[-1]
+    assert last["name"] == "md1" and last["role"] == "main_decode"
+    assert last["pacer"] == {"n_steps": 2, "n_overruns": 1, "overrun_s": 0.003,
+                             "modeled_s": 0.011}
+    assert last["loop_lag"]["max_ms"] >= 100.0
+    assert last["loop_lag"]["n"] >= 2
+    assert lines[0]["loop_lag"]["n"] <= last["loop_lag"]["n"]
+
+
+def test_pacer_of_finds_prefills_and_the_decoders_pacers():
+    p = AsyncPacer()
+
+    class Prefill:
+        pacer = p
+
+    class Decoder:
+        pacer = p
+
+    class Decode:
+        decoder = Decoder()
+
+    class Router:
+        pass
+
+    assert pacer_of(Prefill()) is p and pacer_of(Decode()) is p and pacer_of(Router()) is None
