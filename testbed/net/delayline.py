@@ -22,6 +22,8 @@ network namespace)::
    vnet header it arrived with. A frame the out interface refuses (e.g. htb's
    queue is full: ENOBUFS, or it is down) counts as ``dropped_tx``. Either
    interface may go down and up (a link flap) while the process runs.
+   The process runs under SCHED_FIFO when it may (``make_realtime``), so the
+   roles' compute sharing its core does not make frames late.
 3. SIGTERM/SIGINT: stop the loop, close the sockets, unlink SOCK_PATH, exit 0.
    Frames still held are discarded.
 
@@ -31,7 +33,7 @@ Control protocol (JSON datagrams; every reply carries ``"ok"``):
 - ``{"op": "stats"}`` -> ``{"ok": true, "frames_in": .., "frames_out": ..,
   "bytes_in": .., "bytes_out": .., "dropped_loss": .., "dropped_limit": ..,
   "dropped_down": .., "dropped_tx": .., "dropped_kernel": .., "held": ..,
-  "lateness": {...}}``; ``lateness`` is the histogram (testbed.histogram) of how late each
+  "lateness": {...}, "realtime": bool}``; ``lateness`` is the histogram (testbed.histogram) of how late each
   sent frame left, its send time minus its scheduled release time.
   Bytes count Ethernet frames without the vnet header. frames_in = frames_out
   + dropped_{loss,limit,down,tx} + held; dropped_kernel counts frames the
@@ -78,6 +80,7 @@ READ_BATCH = 64  # frames read before releasing due ones again (bounds added del
 IDLE_POLL_MS = 100  # how often an idle loop looks at its stop flag
 NAP_S = 0.0002  # sleep step inside the last millisecond
 CONTROL_MAX = 65536
+RT_PRIORITY = 10  # SCHED_FIFO priority of a delay line (1-99; above every normal process)
 
 
 def open_in_socket(ifname: str) -> socket.socket:
@@ -314,6 +317,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
+def make_realtime(priority: int = RT_PRIORITY) -> bool:
+    """Run this process under SCHED_FIFO at ``priority`` (root only): the delay line is the
+    emulated network, and a role's compute on the same core must not make a frame late.
+    It sleeps between frames, and the kernel's RT throttling (sched_rt_runtime_us) keeps
+    5% of every second for other work even if it never did. False if not permitted."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(priority))
+    except (OSError, AttributeError):
+        return False
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
@@ -329,6 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, EmulationError) as exc:
         print(f"delayline: cannot start on {args.if_in}->{args.if_out}: {exc}", file=sys.stderr)
         return 1
+    line.queue.stats.realtime = make_realtime()
     try:
         print("ready", flush=True)
         line.run(stop)

@@ -251,6 +251,7 @@ class LineStats:
     # how late each sent frame left: its send time minus its release time (the fidelity
     # of the emulated delay; testbed.report.fidelity)
     lateness: LatencyHistogram = field(default_factory=LatencyHistogram)
+    realtime: bool = False  # the process runs under SCHED_FIFO (testbed.net.delayline)
 
 
 class HoldQueue:

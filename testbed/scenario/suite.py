@@ -154,6 +154,7 @@ class ScenarioResult:
     modes: dict = field(default_factory=dict)     # mode -> {KEY_METRICS present}
     checks: list[dict] = field(default_factory=list)  # the matrix rows
     error: dict | None = None    # {"type", "message", "traceback"} when the run raised
+    fidelity: dict | None = None  # {"verdict", "policy", "reasons"} (summary.json's fidelity)
 
     def as_dict(self) -> dict:
         return {**self.__dict__, "wall_s": round(self.wall_s, 3)}
@@ -204,16 +205,35 @@ def failure_reasons(summary: Mapping, rows: Sequence[Mapping]) -> list[str]:
                        "token check passed"]
 
 
+def fidelity_row(summary: Mapping) -> list[dict]:
+    """The fidelity verdict as a matrix row: it fails only a strict scenario's run."""
+    fid = summary.get("fidelity")
+    if not fid or fid.get("verdict") is None:
+        return []
+    strict = fid.get("policy") == "strict"
+    return [{"kind": "fidelity", "name": "fidelity", "mode": None, "baseline": None,
+             "metric": "fidelity", "value": fid["verdict"],
+             "bound": "faithful (fidelity: strict)" if strict else "reported",
+             "passed": not strict or fid["verdict"] == "faithful"}]
+
+
 def finished(sc: Scenario, out_dir: Path, summary: Mapping, wall_s: float) -> ScenarioResult:
     """The result of a scenario whose run returned its summary.json object."""
     rows = expectation_rows(summary, [e.as_dict() for e in sc.expectations]) + \
-        token_rows(summary)
+        token_rows(summary) + fidelity_row(summary)
     reasons = failure_reasons(summary, rows)
+    if summary.get("passed") is True:  # a strict scenario's degraded run fails too
+        reasons += [f"fidelity degraded (strict): {why}"
+                    for r in rows if r["kind"] == "fidelity" and not r["passed"]
+                    for why in (summary["fidelity"].get("reasons") or ["?"])]
     modes = {mode: {k: m[k] for k in KEY_METRICS if k in m}
              for mode, m in (summary.get("modes") or {}).items()}
+    fid = summary.get("fidelity") or {}
     return ScenarioResult(sc.name, sc.file, str(out_dir), "failed" if reasons else "passed",
                           reasons, wall_s, summary.get("backend"), summary.get("scale"),
-                          modes, rows)
+                          modes, rows,
+                          fidelity={k: fid.get(k) for k in ("verdict", "policy", "reasons")}
+                          if fid else None)
 
 
 def crashed(sc: Scenario, out_dir: Path, exc: Exception, wall_s: float) -> ScenarioResult:
@@ -291,9 +311,11 @@ def suite_overview(suite: Suite) -> str:
     head = (f"suite: {len(suite.planned)} scenarios: {c['passed']} passed, {c['failed']} "
             f"failed, {c['interrupted']} interrupted, {c['not_run']} not run; "
             f"wall {suite.wall_s:.1f} s")
-    rows = [(r.name, r.verdict, f"{r.wall_s:.1f}", "; ".join(r.reasons))
-            for r in suite.results] + [(n, "not run", None, "") for n in suite.not_run]
-    return "\n".join([head, ""] + _table(("scenario", "verdict", "wall (s)", "reason"), rows))
+    rows = [(r.name, r.verdict, (r.fidelity or {}).get("verdict"), f"{r.wall_s:.1f}",
+             "; ".join(r.reasons)) for r in suite.results] + \
+        [(n, "not run", None, None, "") for n in suite.not_run]
+    return "\n".join([head, ""] + _table(("scenario", "verdict", "fidelity", "wall (s)",
+                                          "reason"), rows))
 
 
 def _scenario_md(r: ScenarioResult) -> list[str]:
@@ -304,6 +326,9 @@ def _scenario_md(r: ScenarioResult) -> list[str]:
         lines += ["", f"{r.error['type']}: {r.error['message']}"]
         if r.error.get("traceback"):
             lines += ["", "```", r.error["traceback"].rstrip(), "```"]
+    if r.fidelity and r.fidelity.get("reasons"):
+        lines += ["", f"Fidelity {r.fidelity['verdict']}:"] + \
+            [f"- {why}" for why in r.fidelity["reasons"]]
     if r.checks:
         lines += [""] + _table(("mode", "check", "metric", "value", "bound", "result"),
                                [(c["mode"], c["name"], c["metric"], c["value"], c["bound"],
@@ -336,6 +361,8 @@ def _result_cases(ts: ET.Element, r: ScenarioResult) -> None:
         if not c["passed"]:
             ET.SubElement(case, "failure", type=c["kind"],
                           message=f"{_fmt(c['value'])} ({c['bound']})")
+        if c["kind"] == "fidelity" and r.fidelity and r.fidelity.get("reasons"):
+            ET.SubElement(case, "system-out").text = "\n".join(r.fidelity["reasons"])
     if r.error:
         case = ET.SubElement(ts, "testcase", classname=r.name, name="run",
                              time=f"{r.wall_s:.3f}")

@@ -285,7 +285,7 @@ def test_handle_control_stats_set_and_errors():
     stats = handle_control(q, b'{"op": "stats"}')
     assert stats == {"ok": True, "frames_in": 0, "frames_out": 0, "bytes_in": 0, "bytes_out": 0,
                      "dropped_loss": 0, "dropped_limit": 0, "dropped_down": 0,
-                     "dropped_tx": 0, "dropped_kernel": 0, "held": 0,
+                     "dropped_tx": 0, "dropped_kernel": 0, "realtime": False, "held": 0,
                      "lateness": {"n": 0, "sum_ms": 0.0, "max_ms": 0.0, "counts": {}}}
     assert handle_control(q, b'{"op": "set", "params": {"delay_ms": 7}}') == {"ok": True}
     assert q.params == DelayParams(delay_ms=7)

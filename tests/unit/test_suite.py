@@ -302,7 +302,7 @@ def test_markdown_has_the_overview_the_matrix_and_the_mode_metrics(tmp_path):
     md = suite_md(run_suite(three(tmp_path), RunOptions(tmp_path / "out"), fake,
                             clock=fake.clock))
     assert "suite: 3 scenarios: 2 passed, 1 failed, 0 interrupted, 0 not run; wall 90.0 s" in md
-    assert "| s2 | failed | 30.0 | ttft tail cut: 1.25 (ttft_p90_s pdd / cross-dc-pd" in md
+    assert "| s2 | failed | - | 30.0 | ttft tail cut: 1.25 (ttft_p90_s pdd / cross-dc-pd" in md
     assert "| pdd | ttft tail cut | ttft_p90_s | 1.25 |" in md and "| FAIL |" in md
     assert "| metric | pdd | cross-dc-pd |" in md and "| ttft_p90_s | 0.4 | 0.8 |" in md
 
@@ -359,3 +359,28 @@ def test_a_sigterm_whose_exception_was_swallowed_is_raised_by_the_runner_loop():
     with pytest.raises(apply.Terminated, match="signal 15"):
         apply.raise_if_terminated()
     apply.raise_if_terminated()  # raised once: nothing pending any more
+
+
+def test_a_degraded_fidelity_fails_only_a_strict_scenario_and_shows_in_the_matrix(tmp_path):
+    from testbed.scenario.suite import finished
+
+    degraded = {"verdict": "degraded", "policy": "report",
+                "reasons": ["pdd: compute: md1 event loop lag p99 21.2 ms > 5 ms"]}
+    sc = three(tmp_path)[0]
+    base = summary(sc.name, ratio_passed=True)
+    reported = finished(sc, tmp_path / "o", {**base, "fidelity": degraded}, 30.0)
+    assert reported.verdict == "passed"
+    assert [c["value"] for c in reported.checks if c["kind"] == "fidelity"] == ["degraded"]
+    strict = finished(sc, tmp_path / "o", {**base, "fidelity": {**degraded, "policy": "strict"}},
+                      30.0)
+    assert strict.verdict == "failed"
+    assert strict.reasons == ["fidelity degraded (strict): pdd: compute: md1 event loop lag "
+                              "p99 21.2 ms > 5 ms"]
+    from testbed.scenario.suite import Suite
+
+    suite = Suite(tmp_path, [sc.name], results=[strict])
+    assert f"| {sc.name} | failed | degraded | 30.0 |" in suite_md(suite)
+    xml = junit_xml(suite)
+    assert '<testcase classname="s1" name="fidelity">' in xml
+    assert '<failure type="fidelity" message="degraded (faithful (fidelity: strict))"' in xml
+    assert "md1 event loop lag" in xml
