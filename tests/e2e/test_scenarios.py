@@ -56,6 +56,41 @@ def test_quickstart_passes(quickstart):
         assert mode["tokens_lost"] == 0 and mode["tokens_duplicated"] == 0
         assert mode["requests_verified"] == 24 and mode["requests_mismatched"] == 0
     assert (out / "report.md").exists() and list(out.glob("*.png"))
+    fid = summary["fidelity"]  # the verdict itself depends on the machine: only reported here
+    assert fid["verdict"] in ("faithful", "degraded") and fid["policy"] == "report"
+    for name, mode in fid["modes"].items():
+        assert set(mode["compute"]["roles"]) == {"client", "router", "p1", "rld1", "md1"}, name
+        assert mode["compute"]["roles"]["md1"]["steps"] > 0
+        assert len(mode["host"]["cpu_busy_share"]) >= 1
+        assert mode["network"]["rtt"]["probes"] > 0
+        if summary["backend"] == "userspace":
+            assert mode["network"]["delay_lines"]["wan/a>b"]["frames"] > 0
+    assert "**Fidelity: " in (out / "report.md").read_text()
+
+
+def test_quickstart_with_both_cores_busy_is_degraded_and_strict_exits_2(tmp_path, clean_after):
+    """Two CPU hogs (bounded by `timeout`, and killed when the test ends) keep both cores
+    busy through the whole run: the verdict must say the host did not keep up, naming
+    the figure, and a scenario that declares ``fidelity: strict`` exits 2."""
+    text = (ROOT / "scenarios" / "quickstart.yaml").read_text()
+    strict = tmp_path / "quickstart-strict.yaml"
+    strict.write_text(text.replace("topology: ../topologies/",
+                                   f"topology: {ROOT / 'topologies'}/") + "\nfidelity: strict\n")
+    hog = "while True: pass"
+    hogs = [subprocess.Popen(["timeout", "400", sys.executable, "-c", hog])
+            for _ in range(2)]
+    try:
+        out = tmp_path / "run"
+        r = run_cli("run", str(strict), "--out", str(out))
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+    assert r.returncode == 2, r.stdout + r.stderr
+    fid = json.loads((out / "summary.json").read_text())["fidelity"]
+    assert fid["verdict"] == "degraded" and fid["policy"] == "strict"
+    assert any("busiest core" in why for why in fid["reasons"]), fid["reasons"]
+    assert "fidelity: strict" in r.stderr and "busiest core" in r.stderr
 
 
 def test_relayed_ttft_stays_below_the_wan_kv_transfer(quickstart):
