@@ -1,13 +1,16 @@
 """The hash engine (testbed.pdd.compute.hashmodel) and the engine dispatch (engine.py):
 determinism, dependence on the whole prefix, exact tokens across the four ways PDD
 produces them (plain, prefill+decode, shipped KV, extend-decode handoff), its wire
-format."""
+format, and that a role on it imports no torch."""
 
 from __future__ import annotations
 
 import random
 import struct
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +21,7 @@ from testbed.pdd.compute.engine import (ModelConfig, argmax, build_model, kv_fro
 from testbed.pdd.compute.hashmodel import HashCache, HashDecoder, HashLogits
 from testbed.pdd.wire.kvpayload import decode_kv, kv_chunk
 
+ROOT = Path(__file__).resolve().parents[2]
 CFG = ModelConfig(engine="hash", max_context=4096, seed=3)
 N_TAIL = 24
 EXTEND_SIZES = (1, 7, 64, 100)
@@ -278,6 +282,19 @@ def test_a_decode_step_costs_microseconds(model):
     for _ in range(1000):
         tok = argmax(model.decode_step(cache, tok))
     assert (time.perf_counter() - t0) / 1000 < 100e-6
+
+
+def test_a_role_on_the_hash_engine_imports_no_torch():
+    code = ("import sys\n"
+            "from testbed.pdd.run import cluster, node, verify\n"
+            "from testbed.pdd.compute.decoder import warm_model\n"
+            "from testbed.pdd.compute.engine import ModelConfig, pin_threads\n"
+            "cfg = ModelConfig(engine='hash')\n"
+            "pin_threads(cfg, 1)\n"
+            "warm_model(cfg).greedy_generate([1, 2, 3], 8)\n"
+            "assert 'torch' not in sys.modules, 'torch imported'\n")
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=60,
+                   env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
 
 
 def test_pin_threads_leaves_torch_alone_on_the_hash_engine(monkeypatch):
