@@ -32,6 +32,11 @@ class HandoffMode(enum.Enum):
     CATCH_UP = "catch-up"
 
 
+# The compute engines a role may run (testbed/pdd/compute/engine.py): the tiny torch
+# decoder, or the model-free hash chain (microseconds per token).
+ENGINES = ("torch", "hash")
+
+
 class PddDefaults:
     """The one source of the PDD settings a scenario may set (spec/scenario.py
     ``PddSettings``) and a bare role config file defaults to (pdd/run/config.py):
@@ -50,6 +55,7 @@ class PddDefaults:
     relay_margin_quantile = 0.9          # quantile of recent prediction errors added
     time_scale = 1.0                     # multiplies every modeled compute time
     request_timeout_s = 120.0            # a request not finished this long after sending fails
+    engine = "torch"                     # the roles' compute engine, one of ENGINES
 
 
 PDD_DEFAULTS = PddDefaults()

@@ -108,7 +108,8 @@ def conditions(run: RunData, name: str, note: str = "") -> dict:
     out = {"run": run.path.name, "mode": name, "k": run.scale, "token_scale": ts,
            "time_scale": pdd.get("time_scale"),
            "model": f"modeled 70B-class (costmodel.BIG_MODEL), KV "
-                    f"{pdd.get('kv_bytes_per_token', 50000)} B/token; tokens from the tiny model",
+                    f"{pdd.get('kv_bytes_per_token', 50000)} B/token; tokens from the "
+                    + ("hash engine" if pdd.get("engine") == "hash" else "tiny model"),
            "wan": f"{ab.get('rate_gbit', '?')} Gbit/s, RTT {rtt:g} ms",
            "requests": len(recs),
            "context_tokens_p50": median(prompts) if prompts else None,

@@ -50,7 +50,8 @@ def cluster_dict_for(topo: Topology, scale: float, mode_run, settings: dict,
     return {
         "instances": instances,
         "mode": mode_run.mode.value,
-        "model": dict(RUN_MODEL),
+        # the torch default is left out: existing cluster configs stay as they were
+        "model": {**RUN_MODEL, **({} if pdd.engine == "torch" else {"engine": pdd.engine})},
         "timing": {"time_scale": pdd.time_scale, "kv_scale_k": scale,
                    "kv_bytes_per_token": pdd.kv_bytes_per_token, "token_scale": pdd.token_scale},
         "relay": {"handoff_mode": pdd.handoff_mode.value,

@@ -25,7 +25,7 @@ from testbed.reader import Fields, is_file, load_yaml
 from testbed.spec.topology import Topology, load_topology
 from testbed.types import PDD_DEFAULTS as _D
 from testbed.workload import parse_workload
-from testbed.types import HandoffMode, Mode
+from testbed.types import ENGINES, HandoffMode, Mode
 
 
 # The summary.json metrics an expectation may bound (docs/run-directory.md).
@@ -63,6 +63,7 @@ class PddSettings:
     request_timeout_s: float = _D.request_timeout_s
     drc: bool = True                     # MD's decode-side prefix cache; false: every request's
                                          # whole KV crosses the WAN (claim 3's comparison)
+    engine: str = _D.engine              # the roles' compute engine (and verify's): torch | hash
 
 
 @dataclass(frozen=True)
@@ -148,7 +149,8 @@ def _parse_pdd(f: Fields | None, d: PddSettings = PddSettings()) -> PddSettings:
         time_scale=f.num("time_scale", d.time_scale, lo=0, lo_open=True),
         request_timeout_s=f.num("request_timeout_s", d.request_timeout_s, lo=0, lo_open=True,
                                 unit="s"),
-        drc=f.bool("drc", d.drc))
+        drc=f.bool("drc", d.drc),
+        engine=f.choice("engine", ENGINES, d.engine))
     f.done()
     return s
 

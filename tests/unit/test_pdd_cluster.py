@@ -1,6 +1,7 @@
 """Every mode end to end over the fake transport with a 50 ms (+-5 ms) WAN.
 
-One cluster run per (mode, handoff mode); the assertions are the PDD
+One cluster run per (mode, handoff mode, engine): pdd on the hash engine too
+(both handoff modes), whose tokens cost microseconds; the assertions are the PDD
 claims the roles must deliver: exact tokens (vs ``greedy_generate``), no
 position lost or duplicated, producers as the pipeline says, TTFT of
 relayed requests far below their WAN KV transfer, MD receiving only what
@@ -14,30 +15,37 @@ from pdd_fixtures import EXPECTED, producers, run, run_on_fake_wan, small_config
 
 from testbed.pdd.run.verify import verify_records
 
-CASES = [("pdd", "one-shot"), ("pdd", "catch-up"), ("cross-dc-pd", "catch-up"),
-         ("same-dc-pd", "catch-up"), ("p-rld", "one-shot")]
-_RUNS: dict[tuple[str, str], list[dict]] = {}
+CASES = [("pdd", "one-shot", "torch"), ("pdd", "catch-up", "torch"),
+         ("cross-dc-pd", "catch-up", "torch"), ("same-dc-pd", "catch-up", "torch"),
+         ("p-rld", "one-shot", "torch"), ("pdd", "one-shot", "hash"), ("pdd", "catch-up", "hash")]
+PDD_CASES = [c for c in CASES if c[0] == "pdd"]
+_RUNS: dict[tuple[str, str, str], list[dict]] = {}
 
 
-def records_of(mode: str, handoff_mode: str) -> list[dict]:
-    if (mode, handoff_mode) not in _RUNS:
-        cfg = small_config(mode, handoff_mode)
-        _RUNS[(mode, handoff_mode)] = run(run_on_fake_wan(cfg, workload()))[0]
-    return _RUNS[(mode, handoff_mode)]
+def config_of(mode: str, handoff_mode: str, engine: str = "torch"):
+    return small_config(mode, handoff_mode, model={"engine": engine})
 
 
-@pytest.mark.parametrize("mode, handoff_mode", CASES)
-def test_every_token_equals_a_single_process_greedy_decode(mode, handoff_mode):
-    records = records_of(mode, handoff_mode)
+def records_of(mode: str, handoff_mode: str, engine: str = "torch") -> list[dict]:
+    if (mode, handoff_mode, engine) not in _RUNS:
+        cfg = config_of(mode, handoff_mode, engine)
+        _RUNS[(mode, handoff_mode, engine)] = run(run_on_fake_wan(cfg, workload()))[0]
+    return _RUNS[(mode, handoff_mode, engine)]
+
+
+@pytest.mark.parametrize("mode, handoff_mode, engine", CASES)
+def test_every_token_equals_a_single_process_greedy_decode(mode, handoff_mode, engine):
+    records = records_of(mode, handoff_mode, engine)
     assert [r["status"] for r in records] == ["completed"] * 5, [r["reason"] for r in records]
-    assert all(v.match for v in verify_records(records, small_config().model))
+    verdicts = verify_records(records, config_of(mode, handoff_mode, engine).model)
+    assert all(v.match for v in verdicts)
     assert all(r["tokens_lost"] == 0 and r["tokens_duplicated"] == 0 for r in records)
     assert [len(r["tokens"]) for r in records] == [r["max_out"] for r in records]
 
 
-@pytest.mark.parametrize("mode, handoff_mode", CASES)
-def test_producers_follow_the_pipeline(mode, handoff_mode):
-    records = records_of(mode, handoff_mode)
+@pytest.mark.parametrize("mode, handoff_mode, engine", CASES)
+def test_producers_follow_the_pipeline(mode, handoff_mode, engine):
+    records = records_of(mode, handoff_mode, engine)
     pipelines = [r["pipeline"] for r in records]
     if mode == "pdd":
         # Decided from the config alone: request 0 meets the router's prior with nothing
@@ -62,9 +70,9 @@ def test_producers_follow_the_pipeline(mode, handoff_mode):
             assert 0 < m < len(who) and who == ["RLD"] * m + ["MD"] * (len(who) - m)
 
 
-@pytest.mark.parametrize("handoff_mode", ["one-shot", "catch-up"])
-def test_handoff_batches_follow_the_handoff_mode(handoff_mode):
-    relayed = [r for r in records_of("pdd", handoff_mode) if r["pipeline"] == "p-rld-md"]
+@pytest.mark.parametrize("mode, handoff_mode, engine", PDD_CASES)
+def test_handoff_batches_follow_the_handoff_mode(mode, handoff_mode, engine):
+    relayed = [r for r in records_of(mode, handoff_mode, engine) if r["pipeline"] == "p-rld-md"]
     assert relayed
     threshold = small_config().relay.catchup_threshold
     for r in relayed:
@@ -172,3 +180,44 @@ def test_a_turn_routed_while_md_still_receives_the_prefix_waits_for_it():
     # the wait for the first turn's transfer is part of the predicted WAN time
     assert decision["predicted_kv_at_md_s"] >= first["reports"]["router"]["predicted_kv_at_md_s"]
     assert all(v.match for v in verify_records([first, second], small_config().model))
+
+
+@pytest.mark.parametrize("handoff_mode", ["one-shot", "catch-up"])
+def test_the_hash_engine_serves_every_pipeline_without_compute_overruns(handoff_mode):
+    """engine hash: relayed requests (MD extends RLD's ids, then decodes) and requests
+    that are not relayed, all exact (above); its real compute never outgrows the modeled."""
+    records = records_of("pdd", handoff_mode, "hash")
+    pipelines = {r["pipeline"] for r in records}
+    assert "p-rld-md" in pipelines and pipelines & {"p-md", "rld-only"}, pipelines
+    assert any(r["pipeline"] == "p-rld-md" and r["handoff"]["tokens"] > 0
+               and "MD" in producers(r) for r in records)
+    assert all(r["overruns"]["kv_bytes"] == 0 for r in records)
+    steps = sum(r["overruns"]["steps"] for r in records)
+    assert steps <= 0.02 * sum(r["max_out"] for r in records), steps
+
+
+def test_verify_flags_a_wrong_handoff():
+    """A relayed request whose MD part continued from a wrong handed-over id (or whose
+    received tokens were altered) fails verification from MD's first token on."""
+    from testbed.pdd.compute.engine import argmax, build_model
+
+    cfg = config_of("pdd", "catch-up", "hash").model
+    rec = next(r for r in records_of("pdd", "catch-up", "hash")
+               if r["pipeline"] == "p-rld-md" and 2 <= r["handoff"]["tokens"] < r["max_out"])
+    m, ids = rec["handoff"]["tokens"], [t[1] for t in rec["tokens"]]
+    model = build_model(cfg)
+    _, cache = model.prefill(rec["prompt"])
+    wrong = ids[:m - 2] + [(ids[m - 2] + 1) % cfg.vocab_size, ids[m - 1]]
+    tok, md = argmax(model.extend(cache, wrong)), []
+    while len(md) < rec["max_out"] - m:
+        md.append(tok)
+        tok = argmax(model.decode_step(cache, tok))
+    bad = dict(rec, tokens=[[p, t, 0.0, "RLD" if p < m else "MD"]
+                            for p, t in enumerate(ids[:m] + md)])
+    altered = dict(rec, tokens=[list(t) for t in rec["tokens"]])
+    altered["tokens"][m][1] = (altered["tokens"][m][1] + 1) % cfg.vocab_size
+    good, wrong_v, altered_v = verify_records([rec, bad, altered], cfg)
+    assert good.match and good.first_mismatch is None
+    assert not wrong_v.match and not wrong_v.prefix_ok and wrong_v.first_mismatch >= m
+    assert sum(a != b for a, b in zip(md, ids[m:])) >= 0.9 * len(md)  # every later token
+    assert (altered_v.match, altered_v.first_mismatch) == (False, m)

@@ -86,6 +86,7 @@ BAD = [
      "main_decode"),
     ("model not object", _with("model", 3), "model", "an object"),
     ("bad model value", _with("model.n_head", 3), "model", "a valid ModelConfig"),
+    ("bad engine", _with("model.engine", "jax"), "model.engine", "torch | hash"),
 ]
 
 
@@ -134,3 +135,21 @@ def test_kv_payload_larger_than_modeled_is_sent_whole_and_reported():
 def test_malformed_kv_payload_is_a_protocol_error(data):
     with pytest.raises(ProtocolError):
         decode_kv(data)
+
+
+def test_the_hash_engine_loads_and_its_kv_chunks_are_within_the_limits():
+    """model.engine: hash reaches every role's ModelConfig; its KV_CHUNK carries 12 bytes a
+    token (id + state), well inside the limits the config checks."""
+    from testbed.pdd.compute.hashmodel import HashDecoder
+    from testbed.pdd.run.config import kv_chunk_bounds
+
+    cfg = parse_config(_with("model.engine", "hash"))
+    assert cfg.model.engine == "hash" and parse_config(GOOD).model.engine == "torch"
+    model = build_model(cfg.model)
+    assert isinstance(model, HashDecoder)
+    _, cache = model.prefill(list(range(cfg.prefill.kv_chunk_tokens)))
+    chunk, _ = kv_chunk(cache, 0, cache.end, cfg.timing.modeled_kv_bytes(cache.end))
+    real, frame = kv_chunk_bounds(cfg)
+    assert len(chunk.data) <= real < kv_chunk_bounds(parse_config(GOOD))[0]
+    assert chunk_frame_bytes(chunk) <= frame
+    assert decode_kv(chunk.data, "hash").tokens == cache.tokens

@@ -91,6 +91,17 @@ def headline(root: Path, pdd_ttft=0.5, base_ttft=1.0, prld_e2e_extra=0.0) -> Pat
         "p-rld": ("p-rld", {}, prld, 20.0)})
 
 
+def test_the_conditions_say_which_engine_made_the_tokens(tmp_path):
+    from testbed.report.claims import conditions
+
+    modes = {"pdd": ("pdd", {}, [rec(0, 0.5)], 1.0),
+             "pdd-hash": ("pdd", {"engine": "hash"}, [rec(0, 0.5)], 1.0)}
+    write_run(tmp_path, "x", modes)
+    data = next(iter(runs_of(tmp_path).values()))
+    assert conditions(data, "pdd")["model"].endswith("tokens from the tiny model")
+    assert conditions(data, "pdd-hash")["model"].endswith("tokens from the hash engine")
+
+
 def test_verdict_rule_is_half_a_decade():
     assert magnitude_verdict(-51.5, -20.0)[0] == REPRODUCED   # 2.6x smaller
     assert magnitude_verdict(-51.5, -15.0)[0] == DIFFERS      # 3.4x smaller

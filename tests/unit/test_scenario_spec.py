@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 from pathlib import Path
 
@@ -119,6 +120,9 @@ def test_wan_override_changes_both_directions():
     ("faults.0", {"at_s": 1, "kind": "loss", "pct": 1, "colour": 3}, "faults[0].colour",
      "a known field"),
     ("pdd", {"handoff_mode": "twice"}, "pdd.handoff_mode", "one of one-shot"),
+    ("pdd", {"engine": "jax"}, "pdd.engine", "one of torch, hash"),
+    ("modes", ["pdd", {"name": "h", "mode": "pdd", "pdd": {"engine": 1}}], "modes[1].pdd.engine",
+     "one of torch, hash"),
     ("sla", {"ttft_s": 0}, "sla.ttft_s", "> 0"),
     ("workload", {"kind": "synthetic"}, "workload", ""),
 ])
@@ -255,6 +259,33 @@ def test_drc_off_gives_md_and_the_routers_mirror_no_decode_side_cache():
         parse_scenario(changed("pdd", {"drc": "off"}), FILE)
 
 
+def test_the_engine_reaches_every_role_and_verify_and_torch_stays_the_default():
+    """``pdd: {engine: hash}`` (scenario-wide or one mode's) is the ModelConfig every role
+    and the post-run verification load from the cluster config; left out, the cluster
+    config has no engine key (torch), as before."""
+    from types import SimpleNamespace
+
+    from testbed.pdd.compute.engine import build_model
+    from testbed.pdd.compute.hashmodel import HashDecoder
+    from testbed.pdd.run.config import parse_config
+    from testbed.scenario.roles import cluster_dict
+
+    data = changed("modes", ["pdd", {"name": "pdd-hash", "mode": "pdd",
+                                     "pdd": {"engine": "hash"}}])
+    data["expectations"] = data["expectations"][:1]
+    sc = parse_scenario(data, FILE)
+    assert [m.pdd.engine for m in sc.modes] == ["torch", "hash"] and sc.pdd.engine == "torch"
+    net = SimpleNamespace(plan=SimpleNamespace(topology=sc.topology, scale=25))
+    dicts = [cluster_dict(net, m, {}) for m in sc.modes]
+    assert "engine" not in dicts[0]["model"] and dicts[1]["model"]["engine"] == "hash"
+    models = [parse_config(d).model for d in dicts]
+    assert [m.engine for m in models] == ["torch", "hash"]
+    assert models[1] == dataclasses.replace(models[0], engine="hash")  # same shape and seed
+    assert isinstance(build_model(models[1]), HashDecoder)  # verify_records' model
+    whole = parse_scenario(changed("pdd", {"engine": "hash"}), FILE)
+    assert {m.pdd.engine for m in whole.modes} == {"hash"}
+
+
 def test_pdd_defaults_have_one_source():
     """A scenario that sets nothing runs the roles with the role config's defaults."""
     from types import SimpleNamespace
@@ -273,6 +304,7 @@ def test_pdd_defaults_have_one_source():
         assert c.client.request_timeout_s == sc.pdd.request_timeout_s
         assert c.relay.catchup_threshold == sc.pdd.catchup_threshold_tokens
         assert c.router.relay_threshold_s == sc.pdd.relay_threshold_s
+        assert c.model.engine == PDD_DEFAULTS.engine == sc.pdd.engine == "torch"
 
 
 def test_a_comparison_may_bound_a_paired_metric():

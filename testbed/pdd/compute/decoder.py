@@ -38,7 +38,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from testbed.pdd.compute.costmodel import CostModel
-from testbed.pdd.compute.model import KVCache, ModelConfig, TinyDecoder, argmax, build_model
+from testbed.pdd.compute.engine import Cache, Model, ModelConfig, argmax, build_model
 from testbed.pdd.compute.pacing import AsyncPacer
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ class Seq:
     """One request being decoded; ``next_token`` is fed to produce ``next_position``."""
 
     rid: int
-    cache: KVCache
+    cache: Cache
     next_token: int
     next_position: int
     max_out: int
@@ -71,7 +71,7 @@ Sink = Callable[[list[Emitted]], Awaitable[None]]
 
 @dataclass(eq=False)
 class _ExtendJob:
-    cache: KVCache
+    cache: Cache
     token_ids: tuple[int, ...]
     future: asyncio.Future
     urgent: bool = False
@@ -80,7 +80,7 @@ class _ExtendJob:
 class DecodeLoop:
     """The step loop of one decode instance (see the module docstring)."""
 
-    def __init__(self, model: TinyDecoder, cost: CostModel, pacer: AsyncPacer, sink: Sink,
+    def __init__(self, model: Model, cost: CostModel, pacer: AsyncPacer, sink: Sink,
                  chunk_tokens: int = 0):
         self.model, self.cost, self.pacer, self._sink = model, cost, pacer, sink
         self.chunk_tokens = chunk_tokens  # 0: non-urgent extends run whole
@@ -117,7 +117,7 @@ class DecodeLoop:
     def leave(self, rid: int) -> Seq | None:
         return self.active.pop(rid, None)
 
-    def extend(self, cache: KVCache, token_ids: tuple[int, ...],
+    def extend(self, cache: Cache, token_ids: tuple[int, ...],
                urgent: bool = False) -> asyncio.Future:
         """Queue an extend pass for the next step (the next one with only urgent extends if
         any is urgent, see the module docstring); the future gives the argmax after it."""
@@ -182,9 +182,9 @@ class DecodeLoop:
             await self._sink(out)
 
 
-def warm_model(cfg: ModelConfig) -> TinyDecoder:
-    """Build the model and run each kind of pass once, so the first request does not pay
-    torch's lazy initialisation (tens of ms) inside its TTFT."""
+def warm_model(cfg: ModelConfig) -> Model:
+    """Build the model of ``cfg.engine`` and run each kind of pass once, so the first request
+    does not pay torch's lazy initialisation (tens of ms) inside its TTFT."""
     model = build_model(cfg)
     _, cache = model.prefill([0] * 20)
     model.decode_step(cache, 1)

@@ -1,7 +1,9 @@
-"""The tiny seeded torch decoder that produces the PDD roles' real tokens.
+"""The tiny seeded torch decoder that produces the PDD roles' real tokens (engine "torch").
 
 This module owns the model weights, the explicit per-request KV cache and the
-forward operations the roles use. Lifecycle of one request's KV:
+forward operations the roles use; ``ModelConfig`` and the dispatch between
+this engine and the hash engine live in ``engine.py`` (ModelConfig is
+re-exported here). Lifecycle of one request's KV:
 
     P:   logits, cache = model.prefill(prompt)         # or extend a prefix cache
          wire = cache.to_bytes(start, end)              # ship the suffix MD lacks
@@ -40,7 +42,6 @@ from __future__ import annotations
 
 import math
 import struct
-from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
@@ -49,43 +50,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from testbed.errors import ProtocolError
+from testbed.pdd.compute.engine import TORCH_MAGIC, ModelConfig  # noqa: F401 (re-exported)
 
-_DTYPES = {"float32": torch.float32, "float64": torch.float64}
 _DTYPE_CODES = {torch.float32: 1, torch.float64: 2}
 _NP_DTYPES = {torch.float32: np.dtype("<f4"), torch.float64: np.dtype("<f8")}  # wire: little-endian
 _HEADER = struct.Struct("<4sBHHHBqq")  # magic, version, n_layer, nh, hs, dtype, start, count
-_MAGIC, _VERSION = b"KVC\x00", 1
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """Shape and seed of the tiny decoder; same config -> same weights everywhere."""
-
-    vocab_size: int = field(default=512, metadata={"help": "token ids are 0..vocab_size-1"})
-    n_layer: int = field(default=4, metadata={"help": "transformer blocks"})
-    n_head: int = field(default=4, metadata={"help": "attention heads per block"})
-    d_model: int = field(default=256, metadata={"help": "residual width; divisible by n_head"})
-    max_context: int = field(default=4096, metadata={"help": "longest sequence (learned pos.)"})
-    seed: int = field(default=0, metadata={"help": "weight seed"})
-    dtype: str = field(default="float64", metadata={"help": "float64 (exact handoff) or float32"})
-    prefill_chunk: int = field(default=128, metadata={
-        "help": "prefill runs in chunks of this many tokens (skips half the causal attention)"})
-
-    def __post_init__(self) -> None:
-        if self.d_model % self.n_head:
-            raise ValueError(f"d_model {self.d_model} not divisible by n_head {self.n_head}")
-        if self.prefill_chunk < 1:
-            raise ValueError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
-        if self.dtype not in _DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
-
-    @property
-    def head_size(self) -> int:
-        return self.d_model // self.n_head
-
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        return _DTYPES[self.dtype]
+_MAGIC, _VERSION = TORCH_MAGIC, 1
 
 
 def set_threads(n: int = 1) -> None:
@@ -395,5 +365,11 @@ def argmax(logits: torch.Tensor) -> int:
 
 
 def build_model(cfg: ModelConfig | None = None) -> TinyDecoder:
-    """The seeded model in eval mode, e.g. ``build_model(ModelConfig(seed=7))``."""
-    return TinyDecoder(cfg or ModelConfig())
+    """The seeded model in eval mode, e.g. ``build_model(ModelConfig(seed=7))``; another
+    ``cfg.engine`` builds that engine's (``engine.build_model``)."""
+    cfg = cfg or ModelConfig()
+    if cfg.engine != "torch":
+        from testbed.pdd.compute.engine import build_model as build
+
+        return build(cfg)
+    return TinyDecoder(cfg)

@@ -39,7 +39,7 @@ import unicodedata
 from pathlib import Path
 
 from testbed.errors import TestbedError
-from testbed.pdd.compute.model import ModelConfig
+from testbed.pdd.compute.engine import ModelConfig
 
 TOKENIZER_DIR = Path(__file__).resolve().parent / "tokenizer"
 UNK = "\ufffd"

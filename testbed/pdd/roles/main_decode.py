@@ -50,7 +50,7 @@ from testbed.pdd.run.config import ClusterConfig, Pipeline
 from testbed.pdd.compute.decoder import DecodeLoop, Emitted, Seq, warm_model
 from testbed.pdd.roles.handoff import MainHandoff
 from testbed.pdd.wire.kvpayload import chunk_frame_bytes, decode_kv
-from testbed.pdd.compute.model import KVCache
+from testbed.pdd.compute.engine import Cache
 from testbed.pdd.compute.pacing import AsyncPacer
 from testbed.pdd.roles.peers import Peer, RoleServer
 from testbed.pdd.roles.prefill import block_segments, cache_from_blocks
@@ -68,7 +68,7 @@ class MainState:
     rid: int
     request: Request
     p_peer: Peer
-    cache: KVCache
+    cache: Cache
     handoff: MainHandoff
     t_need: float = 0.0
     expected_wire: int = 0  # KV_CHUNK payload bytes of [start, n): what P will send
@@ -179,7 +179,7 @@ class MainDecodeNode(RoleServer):
             return
         await self._send_need(st, hit)
 
-    def _cache_of(self, req: Request, hit) -> KVCache:
+    def _cache_of(self, req: Request, hit) -> Cache:
         return cache_from_blocks(self.model, hit.values,
                                  len(req.prompt_token_ids) + req.max_output_tokens)
 
@@ -221,7 +221,7 @@ class MainDecodeNode(RoleServer):
                    for s in range(start, n, step))
 
     def _on_chunk(self, st: MainState, msg: KvChunk) -> None:
-        seg = decode_kv(msg.data)
+        seg = decode_kv(msg.data, self.cfg.model.engine)
         if (seg.start, seg.end) != (msg.token_start, msg.token_end):
             raise ProtocolError(f"KV_CHUNK [{msg.token_start}, {msg.token_end}) holds "
                                 f"[{seg.start}, {seg.end})")

@@ -36,7 +36,7 @@ from typing import ClassVar
 
 from testbed.errors import ProtocolError
 from testbed.pdd.run.config import ClusterConfig, Instance
-from testbed.pdd.compute.model import ModelConfig
+from testbed.pdd.compute.engine import ModelConfig
 from testbed.pdd.wire.protocol import (Error, ErrorCode, Frame, Hello, Message, MsgType, Request, Role,
                                   frame_size)
 from testbed.pdd.wire.transport import Connection, ConnectionClosed, Listener, Transport

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from testbed.pdd.run.config import ClusterConfig, Pipeline
 from testbed.pdd.compute.decoder import warm_model
 from testbed.pdd.wire.kvpayload import chunk_frame_bytes, kv_chunk
-from testbed.pdd.compute.model import KVCache, argmax
+from testbed.pdd.compute.engine import Cache, argmax
 from testbed.pdd.compute.pacing import AsyncPacer
 from testbed.pdd.roles.peers import Peer, RoleServer
 from testbed.pdd.wire.protocol import (Cancel, Error, ErrorCode, Frame, KvDone, KvNeed, Report,
@@ -58,7 +58,7 @@ class PrefillJob:
     rid: int
     request: Request
     t_queued: float
-    cache: KVCache | None = None
+    cache: Cache | None = None
     token0: int = -1
     need: asyncio.Future | None = None  # MD's KV_NEED start
     cancelled: bool = False
@@ -75,13 +75,13 @@ class PrefillJob:
         return Pipeline(self.request.metadata["pipeline"])
 
 
-def block_segments(cache: KVCache, n_tokens: int, block_size: int) -> list[KVCache]:
+def block_segments(cache: Cache, n_tokens: int, block_size: int) -> list[Cache]:
     """Per-block KV segments of the whole blocks of positions [0, n_tokens)."""
     return [cache.slice(i, i + block_size)
             for i in range(0, n_tokens // block_size * block_size, block_size)]
 
 
-def cache_from_blocks(model, blocks: tuple[KVCache, ...], capacity: int = 0) -> KVCache:
+def cache_from_blocks(model, blocks: tuple[Cache, ...], capacity: int = 0) -> Cache:
     """A cache starting at 0 made of consecutive block segments (a radix match's values),
     with room for ``capacity`` tokens."""
     cache = model.new_cache(capacity)

@@ -31,7 +31,7 @@ from testbed.pdd.run.config import ClusterConfig, Pipeline
 from testbed.pdd.compute.decoder import DecodeLoop, Emitted, Seq, warm_model
 from testbed.pdd.roles.handoff import HandoffBatch, RelayHandoff, RelayPhase
 from testbed.pdd.wire.kvpayload import chunk_frame_bytes, decode_kv
-from testbed.pdd.compute.model import KVCache
+from testbed.pdd.compute.engine import Cache
 from testbed.pdd.compute.pacing import AsyncPacer
 from testbed.pdd.roles.peers import Peer, RoleServer, frame_bytes
 from testbed.pdd.wire.protocol import (Cancel, Done, Error, ErrorCode, FinishReason, Frame, Handoff,
@@ -47,7 +47,7 @@ class RelayState:
     rid: int
     handoff: RelayHandoff
     request: Request | None = None
-    cache: KVCache | None = None
+    cache: Cache | None = None
     tokens: list[int] = field(default_factory=list)  # emitted ids, position = index
     md_peer: Peer | None = None
     seq: Seq | None = None
@@ -126,7 +126,7 @@ class RelayDecodeNode(RoleServer):
         if st.request is None:
             return  # cancelled meanwhile
         if isinstance(msg, KvChunk):
-            seg = decode_kv(msg.data)
+            seg = decode_kv(msg.data, self.cfg.model.engine)
             if (seg.start, seg.end) != (msg.token_start, msg.token_end):
                 raise ProtocolError(f"KV_CHUNK [{msg.token_start}, {msg.token_end}) holds "
                                     f"[{seg.start}, {seg.end})")

@@ -26,7 +26,7 @@ from testbed.pdd.roles.client import Client
 from testbed.pdd.roles.client_record import ClientRequest
 from testbed.pdd.run.config import ClusterConfig, Instance
 from testbed.pdd.roles.main_decode import MainDecodeNode
-from testbed.pdd.compute.model import set_threads
+from testbed.pdd.compute.engine import pin_threads
 from testbed.pdd.roles.peers import RoleServer
 from testbed.pdd.roles.prefill import PrefillNode
 from testbed.pdd.roles.relay_decode import RelayDecodeNode
@@ -83,7 +83,7 @@ class ClusterHandles:
 
 async def start_cluster(cfg: ClusterConfig, transport_factory: TransportFactory) -> ClusterHandles:
     """Start every P, RLD, MD and router instance of ``cfg``; see the module docstring."""
-    set_threads(1)  # roles share the loop: one torch thread avoids 2-core contention
+    pin_threads(cfg.model, 1)  # roles share the loop: one torch thread avoids 2-core contention
     handles = ClusterHandles(cfg, transport_factory)
     try:
         for role in START_ORDER:

@@ -34,7 +34,7 @@ from typing import Any, Callable
 from testbed.errors import SpecError
 from testbed.strict import MAX_INT, finite, parse_json, read_text
 from testbed.pdd.compute.costmodel import GPU_A, GPU_B, CostModel, ModelProfile
-from testbed.pdd.compute.model import ModelConfig
+from testbed.pdd.compute.engine import ModelConfig
 from testbed.pdd.wire.fields import Role
 from testbed.types import PDD_DEFAULTS as _D
 from testbed.types import HandoffMode, Mode, Pipeline  # noqa: F401 (Pipeline re-exported)
@@ -322,9 +322,8 @@ def _check_instances(cfg: ClusterConfig, file: str) -> None:
 def kv_chunk_bounds(cfg: ClusterConfig) -> tuple[int, int]:
     """(largest real KV payload, largest frame) of the KV_CHUNKs this config makes:
     ``prefill.kv_chunk_tokens`` tokens of the tiny model's KV, at their modeled size."""
-    m, n = cfg.model, cfg.prefill.kv_chunk_tokens
-    itemsize = 4 if m.dtype == "float32" else 8
-    real = 12 + 64 + n * (4 + 2 * m.n_layer * m.d_model * itemsize)  # ranges, KVCache header
+    n = cfg.prefill.kv_chunk_tokens
+    real = 12 + 64 + n * cfg.model.kv_wire_bytes_per_token  # ranges, cache header
     frame = 29 + max(real, 12 + cfg.timing.modeled_kv_bytes(n))  # header, ranges, data + filler
     return real, frame
 

@@ -29,7 +29,7 @@ from testbed.pdd.roles.client import Client, load_requests, warmup_problems, wri
 from testbed.pdd.run.cluster import ROLE_CLASSES
 from testbed.pdd.run.config import ClusterConfig, frame_limit, load_config
 from testbed.pdd.run.probe import RoleProbe, pacer_of
-from testbed.pdd.compute.model import set_threads
+from testbed.pdd.compute.engine import pin_threads
 from testbed.pdd.wire.transport import TcpOptions, TcpTransport
 from testbed.pdd.wire.fields import Role
 
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     except (TestbedError, KeyError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    set_threads(1)
+    pin_threads(cfg.model, 1)
     if role == Role.CLIENT:
         if not (args.workload and args.out):
             print("error: a client instance needs --workload and --out", file=sys.stderr)

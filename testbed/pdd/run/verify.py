@@ -2,7 +2,7 @@
 
 Owns ``verify_records``: for each requests.jsonl record with a ``prompt``,
 recompute ``model.greedy_generate(prompt, max_out)`` with the run's model
-config and compare with the token ids the client received, in position
+config (so on the roles' engine, torch or hash: ``engine.build_model``) and compare with the token ids the client received, in position
 order. A request matches only if it has exactly ``max_out`` positions
 0..max_out-1 and every id equals the reference. Failed requests are
 checked too (their received prefix must match; they never count as a
@@ -27,7 +27,7 @@ import sys
 from dataclasses import dataclass
 from typing import Iterable
 
-from testbed.pdd.compute.model import ModelConfig, build_model
+from testbed.pdd.compute.engine import ModelConfig, build_model
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """KV_CHUNK frames of modeled size: the tiny model's real KV bytes plus filler.
 
-Owns how a token range of a ``KVCache`` becomes a ``KvChunk`` and back::
+Owns how a token range of a KV cache (either engine's: ``KVCache``, ``HashCache``)
+becomes a ``KvChunk`` and back::
 
-    payload: !HHII ranges | real KV bytes (KVCache.to_bytes)    CRC-checked
+    payload: !HHII ranges | real KV bytes (cache.to_bytes)      CRC-checked
     filler:  zero bytes up to the modeled size                  zero-checked
 
 ``data + filler`` is ``modeled_bytes`` long (``tokens * kv_bytes_per_token /
@@ -17,11 +18,12 @@ Example::
 
     chunk, overrun = kv_chunk(cache, 0, 64, modeled_bytes=320_000)
     seg = decode_kv(chunk.data)     # KVCache segment of positions [0, 64)
+    seg = decode_kv(chunk.data, "hash")  # on the hash engine: a HashCache
 """
 
 from __future__ import annotations
 
-from testbed.pdd.compute.model import KVCache
+from testbed.pdd.compute.engine import Cache, kv_from_bytes
 from testbed.pdd.wire.protocol import KvChunk, frame_size
 
 
@@ -31,19 +33,20 @@ def chunk_frame_bytes(chunk: KvChunk) -> int:
     return frame_size(chunk)
 
 
-def encode_kv(cache: KVCache, start: int, end: int,
+def encode_kv(cache: Cache, start: int, end: int,
               modeled_bytes: int) -> tuple[bytearray, int, int]:
     """Positions [start, end) of ``cache``: (real KV bytes, filler bytes, overrun bytes)."""
     real = cache.to_bytes(start, end)
     return real, max(0, modeled_bytes - len(real)), max(0, len(real) - modeled_bytes)
 
 
-def kv_chunk(cache: KVCache, start: int, end: int, modeled_bytes: int) -> tuple[KvChunk, int]:
+def kv_chunk(cache: Cache, start: int, end: int, modeled_bytes: int) -> tuple[KvChunk, int]:
     """The KV_CHUNK of positions [start, end), all layers, modeled size; and the overrun."""
     real, filler, overrun = encode_kv(cache, start, end, modeled_bytes)
     return KvChunk(0, cache.n_layer, start, end, real, filler), overrun
 
 
-def decode_kv(data: bytes | bytearray | memoryview) -> KVCache:
-    """The KV segment in a KV_CHUNK's data (``KVCache.to_bytes``); ProtocolError if malformed."""
-    return KVCache.from_bytes(data)
+def decode_kv(data: bytes | bytearray | memoryview, engine: str = "torch") -> Cache:
+    """The KV segment in a KV_CHUNK's data (``cache.to_bytes``) of the receiver's engine;
+    ProtocolError if malformed or another engine's."""
+    return kv_from_bytes(data, engine)
