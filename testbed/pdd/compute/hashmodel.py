@@ -52,7 +52,7 @@ once on 2026-12-04, 2-core Debian 12 VM shared with another job, load average
     hash        100          2.5      0.8      0.8
     hash       2000          2.7      0.8      0.9
 
-So a hash decode step costs ~1/1000-1/3500 of a torch one and does not grow
+So a hash decode step costs ~1/1300-1/3500 of a torch one and does not grow
 with the context (the unit tests' modeled GPU_A decode step is ~9 ms at time_scale 0.5).
 """
 
