@@ -40,7 +40,20 @@ Example::
     model = HashDecoder(ModelConfig(engine="hash"))
     logits, cache = model.prefill([1, 2, 3])        # P
     md = HashCache.from_bytes(cache.to_bytes())      # the KV over the wire
-    tok = model.extend(md, [argmax(logits)]).token   # MD recomputes a handed-over id
+    tok = model.extend(md, [logits.token]).token     # MD recomputes a handed-over id
+
+Speed, microseconds per token (``python -m testbed.bench.engine_bench``, run
+once on 2026-12-04, 2-core Debian 12 VM shared with another job, load average
+~2.6; torch = the default ModelConfig, float64, one thread)::
+
+    engine  context  decode_step  prefill  extend (100 ids)
+    torch       100         3278      221      223
+    torch      2000         9527      597      569
+    hash        100          2.5      0.8      0.8
+    hash       2000          2.7      0.8      0.9
+
+So a hash decode step costs ~1/1300-1/3500 of a torch one and does not grow
+with the context (the unit tests' modeled GPU_A decode step is ~9 ms at time_scale 0.5).
 """
 
 from __future__ import annotations
