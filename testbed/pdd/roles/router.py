@@ -43,6 +43,7 @@ import itertools
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Sequence
 
 from testbed.pdd.run.config import ClusterConfig, Mode, Pipeline
 from testbed.pdd.roles.peers import Peer, RoleServer
@@ -92,8 +93,9 @@ class RouterNode(RoleServer):
 
     def __init__(self, cfg: ClusterConfig, name: str, transport: Transport):
         super().__init__(cfg, name, transport)
-        self.mirror = PrefixMirror(cfg.prefill.block_size, cfg.prefill.cache_capacity_tokens)
+        self.p_mirrors: dict[str, PrefixMirror] = {}  # per P instance: its prefix cache
         self.md_mirrors: dict[str, PrefixMirror] = {}  # per MD instance: its DRC
+        self.md_rx: dict[str, tuple[float, float, float, bool]] = {}  # MD's last WAN status
         rc = cfg.router
         self.wan = WanModel(rc.wan_prior_gbit, rc.wan_rtt_s, window_min_s=rc.wan_window_min_s,
                             window_rtts=rc.wan_window_rtts, rtt_window_s=rc.rtt_window_s,
@@ -145,8 +147,43 @@ class RouterNode(RoleServer):
         return self._rid_high
 
     def _pick(self, role: Role) -> str | None:
-        live = [i.name for i in self.cfg.of_role(role) if i.name not in self.dead]
+        live = self._live(role)
         return live[next(self._rr) % len(live)] if live else None
+
+    def _live(self, role: Role) -> list[str]:
+        return [i.name for i in self.cfg.of_role(role) if i.name not in self.dead]
+
+    def _choose(self, prompt: Sequence[int]) -> dict[Role, str | None]:
+        """The instances of a new request (every mode alike, so modes compare on one
+        placement): the P whose prefix cache holds most of the prompt, then the one whose
+        queue ends first; the MD whose DRC holds (or is receiving) most of it, then the
+        least loaded; the least loaded RLD. With one instance of each, that instance."""
+        now = time.monotonic()
+        p_live, rld_live, md_live = (self._live(r) for r in _ROLES)
+
+        def p_key(n: str) -> tuple:
+            return (-self._p_mirror(n).hit(prompt), max(now, self.p_free_at.get(n, now)), n)
+
+        p = min(p_live, default=None, key=p_key)
+        load: dict[str, int] = {}
+        for r in self.requests.values():
+            md_of = r.names.get(Role.MAIN_DECODE)
+            if md_of is not None and not r.terminal:
+                load[md_of] = load.get(md_of, 0) + 1
+
+        def md_key(n: str) -> tuple:
+            held = max(self._md_mirror(n).hit(prompt), self.md_inflight.longest(n, prompt)[0])
+            return (-held, load.get(n, 0), n)
+
+        md = min(md_live, default=None, key=md_key)
+        rld = min(rld_live, default=None, key=lambda n: (self.rld_active.get(n, 0), n))
+        return {Role.PREFILL: p, Role.RELAY_DECODE: rld, Role.MAIN_DECODE: md}
+
+    def _p_mirror(self, p: str) -> PrefixMirror:
+        if p not in self.p_mirrors:
+            self.p_mirrors[p] = PrefixMirror(self.cfg.prefill.block_size,
+                                             self.cfg.prefill.cache_capacity_tokens)
+        return self.p_mirrors[p]
 
     async def on_frame(self, peer: Peer, frame: Frame) -> None:
         rid, msg = frame.request_id, frame.message
@@ -163,17 +200,24 @@ class RouterNode(RoleServer):
             now = time.monotonic()
             self.wan.add_rtt_sample(now, now - self._pings.pop(msg.nonce))
         elif isinstance(msg, Report) and rid == 0 and peer.role == Role.MAIN_DECODE:
-            self._on_wan_status(msg.data)
+            self._on_wan_status(peer.name, msg.data)
         elif isinstance(msg, HealthAck) or 0 < rid <= self._rid_high:
             pass  # a late answer to a forgotten probe, or a late frame of an ended request
         else:
             self.stray(peer, frame)
 
-    def _on_wan_status(self, data: dict) -> None:
-        """MD's WAN status: a capacity sample, and what each transfer still misses."""
+    def _on_wan_status(self, md: str, data: dict) -> None:
+        """An MD's WAN status: a capacity sample, and what each transfer still misses.
+
+        The line is one for every MD: the sample is the rate of every MD whose last status
+        is recent (within two of its intervals) summed, busy if this MD was busy; with
+        one MD, its own rate."""
         k, now = self.cfg.timing.kv_scale_k, time.monotonic()
-        self.wan.add_rate_sample(now, float(data["rx_bytes"]) * k, float(data["interval_s"]),
-                                 bool(data["busy"]))
+        interval = float(data["interval_s"])
+        self.md_rx[md] = (now, float(data["rx_bytes"]) * k / interval if interval > 0 else 0.0,
+                          interval, bool(data["busy"]))
+        total = sum(rate for t, rate, iv, _ in self.md_rx.values() if now - t <= 2 * iv)
+        self.wan.add_rate_sample(now, total * interval, interval, bool(data["busy"]))
         for rid, remaining in data.get("pending", {}).items():
             self.wan.progress(int(rid), float(remaining) * k, now)
         for rid, t_done in data.get("kv_done", {}).items():
@@ -193,7 +237,7 @@ class RouterNode(RoleServer):
         await super().reject_request(peer, rid, why, code)
 
     async def _route(self, client: Peer, client_rid: int, req: Request) -> None:
-        names = {role: self._pick(role) for role in _ROLES}
+        names = self._choose(req.prompt_token_ids)
         r, info = self._decide(client, client_rid, req, names)
         r.request = req
         self.requests[r.rid] = r
@@ -219,7 +263,8 @@ class RouterNode(RoleServer):
         """The pipeline of ``req`` and its decision record (every input, the prediction)."""
         now, cfg, timing = time.monotonic(), self.cfg, self.cfg.timing
         prompt, n = req.prompt_token_ids, len(req.prompt_token_ids)
-        hit = self.mirror.route(prompt)
+        hit = self._p_mirror(names[Role.PREFILL]).route(prompt) \
+            if names[Role.PREFILL] is not None else 0
         md_mirror = self._md_mirror(names[Role.MAIN_DECODE])
         md_hit = hit if md_mirror is None else md_mirror.hit(prompt)
         p_name = names[Role.PREFILL]
@@ -500,8 +545,7 @@ class RouterNode(RoleServer):
                 self.md_mirrors.pop(name, None)
                 self.md_inflight.forget_md(name)
             elif role == Role.PREFILL:
-                self.mirror = PrefixMirror(self.cfg.prefill.block_size,
-                                           self.cfg.prefill.cache_capacity_tokens)
+                self.p_mirrors.pop(name, None)
                 self.p_free_at.pop(name, None)
             else:
                 self.rld_active[name], self.rld_held[name] = 0, 0
