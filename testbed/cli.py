@@ -151,7 +151,7 @@ def _run_options(args, out, dry_run: bool = False):
     return RunOptions(out, args.seed, args.scale,
                       None if args.backend == "auto" else args.backend, dry_run,
                       args.ready_timeout_s, args.preflight_tol_ms,
-                      pcap=getattr(args, "pcap", False))
+                      pcap=getattr(args, "pcap", False), engine=getattr(args, "engine", None))
 
 
 def cmd_run(args) -> int:
@@ -166,8 +166,9 @@ def cmd_run(args) -> int:
     opts = _run_options(args, out, args.dry_run)
     if args.dry_run:
         from testbed.scenario.dryrun import describe
+        from testbed.spec.scenario import with_engine
 
-        print(describe(sc, opts))
+        print(describe(sc if opts.engine is None else with_engine(sc, opts.engine), opts))
         return 0
     with out_dir_lock(out, "testbed run " + args.scenario):
         summary = run_scenario(sc, opts)
@@ -511,6 +512,8 @@ def _run_args(p, pcap_default: bool = False) -> None:
                    help="how long each role may take to start (a qemu guest: 900)")
     p.add_argument("--preflight-tol-ms", type=float, default=3.0,
                    help="WAN RTT tolerance of the preflight ping (a qemu guest: 10)")
+    p.add_argument("--engine", choices=("torch", "hash"), default=None,
+                   help="every mode's compute engine (default: the scenario's pdd.engine)")
     what = ("a bounded capture of the WAN per mode (MODE/wan.pcap, 128-byte snap, at most "
             "200k packets), analysed in the report (MODE/pcap.json)")
     if pcap_default:

@@ -8,7 +8,9 @@ per figure and mode, one column per run:
                          (links.csv counters x k)
     prefill_real_s_p50   P's real (tiny-model) prefill time: the machine's speed
     kv_wan_s_p50/_p90    MD's WAN KV transfer time per request (its report)
-    ttft_p50/p90/p99_s, tpot_p50_ms, e2e_p99_s, requests_completed/_failed
+    ttft_p50/p90/p99_s, tpot_p50_ms, e2e_p99_s
+    rld_token_share      tokens RLD produced / all; relayed_share: requests RLD served
+    requests_completed/_failed
 
 and the spread between runs, (max - min) / min. Reads only run directories
 (``load_run``), so it works on runs copied back from a VM.
@@ -24,7 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from testbed.report.metrics import completed, link_bytes, percentile, tpot_ms
+from testbed.report.metrics import (completed, link_bytes, percentile, relayed_share,
+                                    rld_token_share, tpot_ms)
 from testbed.report.rundir import ModeData, RunData
 
 WAN_LINK = "wan"
@@ -75,6 +78,8 @@ def mode_figures(mode: ModeData, scale: float) -> list[tuple[str, str, float | N
         ("ttft_p99_s", "s", percentile(ttft, 99)),
         ("tpot_p50_ms", "ms", percentile(tpot, 50)),
         ("e2e_p99_s", "s", percentile(e2e, 99)),
+        ("rld_token_share", "", rld_token_share(mode.requests)),
+        ("relayed_share", "", relayed_share(mode.requests)),
         ("requests_completed", "", float(len(done))),
         ("requests_failed", "", float(sum(1 for r in mode.requests
                                           if r.get("status") == "failed"))),

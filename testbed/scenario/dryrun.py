@@ -42,6 +42,7 @@ def describe(sc, opts) -> str:
         f"backend    {backend.value} ({how}); k={plan.scale:g}: WAN emulated at "
         f"{plan.channel('wan/a>b').htb.emulated_gbit:g} Gbit/s; {len(plan.steps)} plan steps",
         f"modes      {', '.join(m.value for m in sc.modes)} (each on a fresh network)",
+        f"engine     {', '.join(sorted({m.pdd.engine for m in sc.modes}))} (the roles' compute)",
         f"workload   {st.count} requests over {st.span_s:.1f} s; input mean "
         f"{st.input_len.mean:.0f} tokens, output mean {st.output_len.mean:.0f}; hit rate "
         f"{st.hit_rate_token_weighted * 100:.1f}% token-weighted, "

@@ -32,7 +32,7 @@ from testbed.scenario.faults import Action, actions_for
 from testbed.scenario.metadata import write_metadata
 from testbed.scenario.sampler import SAMPLE_EVERY_S, LinkSampler, RttProbe
 from testbed.scenario.status import Status
-from testbed.spec.scenario import ModeRun, Scenario
+from testbed.spec.scenario import ModeRun, Scenario, with_engine
 from testbed.spec.topology import Role
 
 PREFLIGHT_RTT_TOL_MS = 3.0
@@ -48,6 +48,7 @@ class RunOptions:
     ready_timeout_s: float = 60.0  # per role start; a software-emulated guest needs minutes
     preflight_tol_ms: float = PREFLIGHT_RTT_TOL_MS  # a qemu guest adds ~5 ms per round trip
     pcap: bool = False  # keep a bounded WAN capture per mode, MODE/wan.pcap (capture.py)
+    engine: str | None = None  # every mode's compute engine (torch | hash); None: the scenario's
 
 
 def run_timeline(actions: list[Action], t0: float, until, tick) -> None:
@@ -188,6 +189,8 @@ def run_scenario(sc: Scenario, opts: RunOptions) -> dict:
     from testbed.report import build_report
     from testbed.workload import build_workload
 
+    if opts.engine is not None:
+        sc = with_engine(sc, opts.engine)
     seed = sc.seed if opts.seed is None else opts.seed
     backend_name = opts.backend or sc.backend
     backend, _ = probe_backend(None if backend_name == "auto" else Backend(backend_name))

@@ -298,6 +298,17 @@ def _parse_sla(f: Fields | None) -> Sla:
     return s
 
 
+def with_engine(sc: Scenario, engine: str) -> Scenario:
+    """``sc`` with every mode's roles (and verify) on ``engine`` (torch | hash): the
+    command line's ``--engine``, which compares engines on one scenario file."""
+    from dataclasses import replace
+
+    if engine not in ENGINES:
+        raise SpecError(sc.file, "engine", " | ".join(ENGINES), engine)
+    return replace(sc, pdd=replace(sc.pdd, engine=engine),
+                   modes=tuple(replace(m, pdd=replace(m.pdd, engine=engine)) for m in sc.modes))
+
+
 def load_scenario(path: str | Path) -> Scenario:
     """Read and validate a scenario file; raises SpecError on any problem."""
     return parse_scenario(load_yaml(path), str(path))

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from testbed.errors import EmulationError
-from testbed.net.calibrate import GOODPUT_SHARE, Check, attempts_until, parse_iperf, parse_ping
+from testbed.net.calibrate import (GOODPUT_SHARE, Check, attempts_until, loss_check, parse_iperf,
+                                    parse_ping, parse_udp_in_errors)
 
 PING = """PING 10.77.2.10 (10.77.2.10) 56(84) bytes of data.
 
@@ -69,3 +70,30 @@ def test_a_rate_below_its_floor_is_measured_again_up_to_the_attempts():
     figures = iter([120.0, 95.0])
     assert attempts_until(lambda: next(figures), 90.0, 3) == [120.0]  # too high is not retried
     assert attempts_until(lambda: 50.0, 90.0, 1) == [50.0]
+
+
+SNMP = """Ip: Forwarding DefaultTTL InReceives
+Ip: 1 64 100
+Udp: InDatagrams NoPorts InErrors OutDatagrams RcvbufErrors SndbufErrors InCsumErrors IgnoredMulti MemErrors
+Udp: 5000 2 37 10 37 0 0 0 0
+UdpLite: InDatagrams NoPorts InErrors OutDatagrams RcvbufErrors SndbufErrors InCsumErrors IgnoredMulti MemErrors
+UdpLite: 0 0 0 0 0 0 0 0 0
+"""
+
+
+def test_udp_in_errors_are_read_from_the_udp_lines_not_udplite():
+    assert parse_udp_in_errors(SNMP) == 37
+    with pytest.raises(EmulationError, match="InErrors"):
+        parse_udp_in_errors("Ip: Forwarding\nIp: 1\n")
+
+
+def test_loss_leaves_out_what_the_receivers_socket_dropped():
+    udp = {"packets": 6000, "lost": 420}  # 7 % lost, 360 of them in the receiver's socket
+    check = loss_check("loss_rev_pct", 1.0, udp, receiver_drops=360)
+    assert check.measured == pytest.approx(1.0) and check.passed
+    assert "360 of them dropped by the receiver's socket" in check.note
+    plain = loss_check("loss_fwd_pct", 1.0, udp, receiver_drops=0)
+    assert plain.measured == pytest.approx(7.0) and plain.passed is False and not plain.note
+    # drops elsewhere on the host (another socket) cannot make the link better than lossless
+    assert loss_check("x", 0.0, {"packets": 100, "lost": 1}, 50).measured == 0.0
+    assert loss_check("x", 1.0, {"packets": 0, "lost": 0}, 0).passed is None

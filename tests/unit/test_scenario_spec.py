@@ -286,6 +286,21 @@ def test_the_engine_reaches_every_role_and_verify_and_torch_stays_the_default():
     assert {m.pdd.engine for m in whole.modes} == {"hash"}
 
 
+def test_the_command_lines_engine_replaces_every_modes_and_keeps_the_rest():
+    from testbed.spec.scenario import with_engine
+
+    data = changed("modes", ["pdd", {"name": "pdd-hash", "mode": "pdd",
+                                     "pdd": {"engine": "hash", "time_scale": 0.25}}])
+    data["expectations"] = data["expectations"][:1]
+    sc = parse_scenario(data, FILE)
+    torch = with_engine(sc, "torch")
+    assert [m.pdd.engine for m in torch.modes] == ["torch", "torch"] and torch.pdd.engine == "torch"
+    assert torch.modes[1].pdd == dataclasses.replace(sc.modes[1].pdd, engine="torch")
+    assert [m.pdd.engine for m in with_engine(sc, "hash").modes] == ["hash", "hash"]
+    with pytest.raises(SpecError, match="engine: expected torch | hash, got 'jax'"):
+        with_engine(sc, "jax")
+
+
 def test_pdd_defaults_have_one_source():
     """A scenario that sets nothing runs the roles with the role config's defaults."""
     from types import SimpleNamespace
