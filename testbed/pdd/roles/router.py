@@ -5,7 +5,10 @@ MD instance of the config (each role learns the router from that HELLO and
 sends TOKENS, DONE, ERROR and REPORT back on it). Per request:
 
 1. client REQUEST(prompt, max_out, {id, session}) -> a router request id;
-   P's expected hit and the chosen MD's expected DRC hit from the router's
+   its instances (``_choose``, every mode alike): the P whose prefix mirror
+   holds most of the prompt, then the one whose queue ends first; the MD
+   whose DRC mirror holds (or whose in-flight KV carries) most of it, then
+   the least loaded; the least active RLD. Then P's expected hit and the chosen MD's expected DRC hit from the router's
    prefix mirrors; P's expected prefill end (its FIFO queue, modeled
    prefill times); the WAN time predicted by ``wan_model.WanModel`` for
    what MD lacks, behind the KV already committed to the WAN; RLD's room
@@ -18,9 +21,10 @@ sends TOKENS, DONE, ERROR and REPORT back on it). Per request:
    under the client's request id. The router keeps every token id RLD
    emitted (for RLD loss), counts RLD's live requests and their modeled KV
    tokens (+ when routed, - at RLD's REPORT, which RLD sends when it frees
-   the request). The WAN model is fed by MD's WAN status (request id 0,
-   every ``main.wan_status_interval_s``: KV bytes received, busy or not,
-   what each transfer still misses), by the router's HEALTH probes to each
+   the request). The WAN model (one for the line every P shares) is fed by
+   the MDs' WAN status (request id 0, every ``main.wan_status_interval_s``:
+   KV bytes received, busy or not, what each transfer still misses; the
+   capacity sample sums every MD's recent rate), by the router's HEALTH probes to each
    MD (RTT), and by the end of each transfer (MD's first token or REPORT).
 3. At DONE (or a failure) every role of the pipeline gets CANCEL (roles
    ignore ids they no longer hold), so P stops a useless WAN transfer and MD
@@ -117,7 +121,6 @@ class RouterNode(RoleServer):
         self._by_client: dict[tuple[int, int], Routed] = {}
         self._rids = itertools.count(1)
         self._rid_high = 0  # the highest request id handed out so far
-        self._rr = itertools.count()
         self.rld_active: dict[str, int] = {}
         self.dead: set[str] = set()
 
@@ -145,10 +148,6 @@ class RouterNode(RoleServer):
     def _new_rid(self) -> int:
         self._rid_high = next(self._rids)
         return self._rid_high
-
-    def _pick(self, role: Role) -> str | None:
-        live = self._live(role)
-        return live[next(self._rr) % len(live)] if live else None
 
     def _live(self, role: Role) -> list[str]:
         return [i.name for i in self.cfg.of_role(role) if i.name not in self.dead]
@@ -462,7 +461,8 @@ class RouterNode(RoleServer):
             if (peer := await self.peer_if_live(name)) is not None:
                 await peer.send(r.rid, Cancel())
         self._retire(r)
-        p = self._pick(Role.PREFILL)
+        prompt = tuple(req.prompt_token_ids) + tuple(r.delivered)
+        p = self._choose(prompt)[Role.PREFILL]
         decoder = Role.RELAY_DECODE if pipeline == Pipeline.RLD_ONLY else Role.MAIN_DECODE
         first = r.pipeline.value if not r.reserves else r.first_pipeline
         r.rid, r.offset, r.reserves, r.first_pipeline = self._new_rid(), d, r.reserves + 1, first
@@ -483,7 +483,6 @@ class RouterNode(RoleServer):
         await r.client.send(r.client_rid, Report(Role.ROUTER, self.name, info))
         meta = dict(req.metadata, pipeline=pipeline.value, rld=r.names.get(Role.RELAY_DECODE),
                     md=r.names.get(Role.MAIN_DECODE))
-        prompt = tuple(req.prompt_token_ids) + tuple(r.delivered)
         peer = await self.peer_if_live(p)
         if peer is None or not await peer.send(r.rid, Request(
                 prompt, req.max_output_tokens - d, meta)):
@@ -493,12 +492,13 @@ class RouterNode(RoleServer):
         """(decoder instance, pipeline, None) to re-serve ``r`` on, or (.., why not)."""
         if self.cfg.mode in (Mode.CROSS_DC_PD, Mode.SAME_DC_PD):
             return None, Pipeline.P_MD, f"{self.cfg.mode.value} has one decoder only"
-        if r.request is None or self._pick(Role.PREFILL) is None:
+        if r.request is None or not self._live(Role.PREFILL):
             return None, Pipeline.P_MD, "no live PREFILL"
+        chosen = self._choose(tuple(r.request.prompt_token_ids) + tuple(r.delivered))
         if lost == Role.RELAY_DECODE:
-            md = self._pick(Role.MAIN_DECODE)
+            md = chosen[Role.MAIN_DECODE]
             return md, Pipeline.P_MD, None if md else "no live MAIN_DECODE"
-        rld = self._pick(Role.RELAY_DECODE)
+        rld = chosen[Role.RELAY_DECODE]
         if rld is None:
             return None, Pipeline.RLD_ONLY, "no live RELAY_DECODE"
         room = self.rld_budget.room(self.rld_active.get(rld, 0), self.rld_held.get(rld, 0),
