@@ -31,8 +31,8 @@ id (the gateway's ``cmpl-N``).
 
 A cell passes when the client exited 0, every request completed and matched
 the greedy decode, and its TTFT p50 and p90 are within ``TOLERANCE`` of the
-gateway's (issue 11's acceptance: an external client and the testbed's records
-agree within 10%).
+gateway's (the external-client acceptance check: an external client and the
+testbed's records agree within 10%; docs/benchmark-clients.md).
 
 Running is the caller's (``serve_fn``, so bench does not import the scenario
 runner); the table is built from the cell folders alone (``clients_doc``).
@@ -54,7 +54,7 @@ from testbed.pdd.run.verify import percentile
 
 REPO = Path(__file__).resolve().parents[2]
 MODES = ("pdd", "cross-dc-pd")
-TOLERANCE = 0.10  # client TTFT p50/p90 within 10% of the gateway's (issue 11)
+TOLERANCE = 0.10  # client TTFT p50/p90 within 10% of the gateway's (the acceptance)
 HF_NAME = "local/pdd-tiny"  # the tokenizer's name in OUT/hf-cache (AIPerf's Mooncake mode)
 _SNAPSHOT = "0" * 40
 

@@ -1,7 +1,8 @@
 """The paper's claims, each computed from run directories: one row per claim.
 
 Owns Claim, the verdict rules (``magnitude_verdict``, ``change_verdict``),
-``conditions`` and one pure function per claim of issue 10 (``CLAIMS``).
+``conditions`` and one pure function per claim of docs/reproduce.md's
+numbered table (``CLAIMS``).
 Input: the loaded runs by slot name (``testbed.report.reproduce.SLOTS``:
 ``headline``, ``baseline-64k``, ``goodput-load``, ``rld-overload``,
 ``bathtub``, ``odd-traffic``, ``handoff``) and the handoff bench's JSON;

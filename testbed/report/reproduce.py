@@ -1,11 +1,12 @@
 """``testbed reproduce``: the paper's claims side by side with this machine's figures.
 
 Owns Slot, FULL and QUICK (which scenario each claim's runs come from),
-CLAIMS (the rows, in issue 10's order), ``run_slots`` (the runs, one after
-another, with a run function the caller passes: the CLI gives the
-scenario runner; tests give fakes), ``build_table`` (run directories ->
-rows) and ``write_outputs`` (reproduction.json, reproduction.md,
-bathtub.png, goodput_load.png).
+CLAIMS (the rows, in the order of the claim numbers 1-11 of
+docs/reproduce.md), ``run_slots`` (the runs, one after another, with a
+run function the caller passes: the CLI gives the scenario runner; tests
+give fakes), ``build_table`` (run directories -> rows) and
+``write_outputs`` (reproduction.json, reproduction.md, bathtub.png,
+goodput_load.png).
 
 Layout of DIR (``--out``; ``--from-runs`` reads the same layout)::
 

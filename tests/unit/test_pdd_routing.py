@@ -79,10 +79,10 @@ def test_a_mirror_can_be_asked_without_recording():
 
 
 def test_the_late_kv_rule_uses_its_own_recovering_prediction():
-    """loss.yaml, session 7: a held ~0 Gbit/s estimate predicted 832 s, the request went
-    rld-only, and nothing crossed to correct the estimate. The late-KV test reads
-    ``late_wan_s`` (the estimate returning toward the line); the threshold test keeps
-    ``wan_s``."""
+    """loss.yaml, 2026-12-02 (commit 72ba382): a held ~0 Gbit/s estimate predicted 832 s,
+    the request went rld-only, and nothing crossed to correct the estimate. The late-KV
+    test reads ``late_wan_s`` (the estimate returning toward the line); the threshold
+    test keeps ``wan_s``."""
     stale = RouteInputs(16384, 100, 832.0, 1.5, None, late_wan_s=0.9)
     d = choose_pipeline(Mode.PDD, CFG, TIMING, stale)
     assert d.pipeline == Pipeline.P_RLD_MD and "832.00 s" in d.reason

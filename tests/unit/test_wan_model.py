@@ -94,8 +94,9 @@ def test_idle_intervals_are_not_rate_samples():
 
 
 def test_a_stalled_windows_estimate_is_held_but_recovers_for_the_optimistic_view():
-    # loss.yaml, session 7: a window of stalled intervals set the estimate to 0, later
-    # requests went rld-only, nothing crossed the WAN, and the 0 stayed for good
+    # loss.yaml, 2026-12-02 (commit 72ba382): a window of stalled intervals set the
+    # estimate to 0, later requests went rld-only, nothing crossed the WAN, and the 0
+    # stayed for good
     wan = model(recovery_half_life_s=2.0)
     feed_rate(wan, 0.0, 1.0, 0.0)  # a transfer in progress, nothing delivered
     assert wan.capacity_gbit(1.0) == wan.recovered_gbit(1.0) == 0.0

@@ -33,18 +33,19 @@ Inputs (all in nominal units: wire bytes x k):
     since the newest busy sample), is what ``predict(optimistic=True)``
     uses. The router takes it for one decision only, the late-KV rule
     (rld-only: do not send the KV at all), because that decision stops the
-    measuring: measured in scenarios/loss.yaml (session 7), a window of
-    stalled intervals during 10% loss set the estimate to 0, every later
-    request's KV was then predicted to reach MD after RLD's last token and
-    went rld-only, nothing crossed the WAN again, and the 0 stayed for the
-    last 40 s of the run (RLD made 76% of the tokens). The p-md / relay
-    decision keeps the held (pessimistic) estimate: relaying a request
-    needlessly costs RLD a few tokens and its KV still crosses (and
-    measures), while an optimistic p-md meets the dip with nothing to hide
-    it (measured with the recovering estimate for every decision,
-    fluctuation.yaml, session 8: two requests at t = 76.5-76.9 s, 7 s after
-    the last busy sample, the line at 0.7 Gbit/s and the estimate back at
-    6.7 Gbit/s, went p-md with TTFT 0.85 and 2.68 s; relayed in the run
+    measuring: measured in scenarios/loss.yaml (2026-12-02, commit
+    72ba382), a window of stalled intervals during 10% loss set the
+    estimate to 0, every later request's KV was then predicted to reach MD
+    after RLD's last token and went rld-only, nothing crossed the WAN
+    again, and the 0 stayed for the last 40 s of the run (RLD made 76% of
+    the tokens). The p-md / relay decision keeps the held (pessimistic)
+    estimate: relaying a request needlessly costs RLD a few tokens and its
+    KV still crosses (and measures), while an optimistic p-md meets the
+    dip with nothing to hide it (measured with the recovering estimate for
+    every decision, the code of commit bec4b15, 2026-12-02, in
+    fluctuation.yaml: two requests at t = 76.5-76.9 s, 7 s after the last
+    busy sample, the line at 0.7 Gbit/s and the estimate back at 6.7
+    Gbit/s, went p-md with TTFT 0.85 and 2.68 s; relayed in the run
     before: 0.18 and 0.26 s).
 - RTT: the router's HEALTH probes to MD (``rtt_probe_interval_s``); the
   estimate is the minimum of the last ``rtt_window_s`` (queueing from our
@@ -86,7 +87,7 @@ Inputs (all in nominal units: wire bytes x k):
   connection: some 7 RTTs to open its 2 MB window), gave a 0.39 s margin
   to 0.07 s ones and relayed high-hit requests; on the project's CI
   machine, slower again, they relayed all 24 and left none to pair
-  (session 12). The router decides
+  (2026-12-03, before commit ec204b8). The router decides
   "short enough for p-md" on ``wan_s + margin_s``, a pessimistic
   prediction: a request routed p-md that waits longer than predicted
   (behind an in-flight prefix, a prefill backlog, or a capacity estimate
@@ -98,7 +99,8 @@ Inputs (all in nominal units: wire bytes x k):
   without it, the errors of a congested spell kept the margin near 1.8 s
   for some 30 requests after the cross traffic stopped (each new sample
   replaces one of the last 30), so the router relayed 0.1 s transfers and
-  RLD decoded their tokens (scenarios/congestion.yaml, session 7).
+  RLD decoded their tokens (scenarios/congestion.yaml, 2026-12-02, before
+  commit 6fa841c).
 
 Prediction (``predict``): P interleaves the KV chunks of concurrent
 transfers on its one connection to MD, one chunk each in turn, so
