@@ -52,6 +52,20 @@ Definitions (docs/run-directory.md):
   higher of the two rows' emulated rates); above 1 by more than the htb
   burst over the interval means the samples are wrong, not the shaper
   (``shaper_rate_ratios``). None without WAN samples.
+- ``p_hit_rate_mean`` / ``md_hit_rate_mean``: the mean prefix hit rate at P
+  (its cache) and at MD (its decode-side radix cache, DRC) over the same
+  requests: completed ones whose record has both (the KV went to MD).
+  ``drc_hit_gap`` = the first minus the second: how many points of hit rate
+  the fleet loses because a request's MD does not hold what its P held (each
+  point is a point of the prompt's KV that crosses the WAN in vain). None
+  without such requests.
+- ``wan_kv_share``: the WAN's A->B capacity the mode's KV used: the KV and
+  handoff bytes of its requests (records, emulated) over what the WAN's a>b
+  shaper allowed during the workload window (links.csv's emulated rate,
+  averaged over the window's rows, times its length). It is the offered
+  load of the fleet's own KV on the line (the KV of requests still in flight
+  at the window's end counts too, so it can exceed 1 under overload). None
+  without WAN rows.
 
 Example::
 
@@ -77,7 +91,8 @@ MODE_KEYS = ("requests_total", "requests_completed", "requests_failed",
              "relay_overhead_p50_ms", "relay_overhead_p90_ms",
              "wan_bytes", "intra_dc_bytes", "rld_token_share", "relayed_share",
              "kv_prediction_error_p50", "kv_prediction_error_p90",
-             "wan_rate_max_over_shaper", "emulated")
+             "wan_rate_max_over_shaper", "p_hit_rate_mean", "md_hit_rate_mean", "drc_hit_gap",
+             "wan_kv_share", "emulated")
 EMULATED_KEYS = ("wan_bytes", "intra_dc_bytes")
 # Every name an expectation or a comparison may use.
 MODE_METRICS = tuple(k for k in MODE_KEYS if k != "emulated") + tuple(
@@ -292,6 +307,32 @@ def shaper_rate_ratios(samples: Iterable[LinkSample], link: str = "wan",
     return out
 
 
+def hit_rates(records: Sequence[Mapping]) -> dict[str, float | None]:
+    """``p_hit_rate_mean``, ``md_hit_rate_mean`` and ``drc_hit_gap`` over the completed
+    requests whose record has both hit rates."""
+    pairs = [(r["p_hit_rate"], r["md_hit_rate"]) for r in completed(records)
+             if r.get("p_hit_rate") is not None and r.get("md_hit_rate") is not None]
+    if not pairs:
+        return {"p_hit_rate_mean": None, "md_hit_rate_mean": None, "drc_hit_gap": None}
+    p = float(np.mean([a for a, _ in pairs]))
+    md = float(np.mean([b for _, b in pairs]))
+    return {"p_hit_rate_mean": p, "md_hit_rate_mean": md, "drc_hit_gap": p - md}
+
+
+def wan_kv_share(wan_bytes: int, links: Sequence[LinkSample],
+                 window: tuple[float, float] | None) -> float | None:
+    """Emulated WAN bytes over the a>b capacity of the workload window (see above)."""
+    if window is None or window[1] <= window[0]:
+        return None
+    rates = [s.emulated_rate_gbit for s in links
+             if s.link == "wan" and s.direction == "a>b" and s.emulated_rate_gbit
+             and window[0] <= s.t_mono <= window[1]]
+    if not rates:
+        return None
+    capacity = float(np.mean(rates)) * 1e9 / 8 * (window[1] - window[0])
+    return wan_bytes / capacity
+
+
 def mode_metrics(records: Sequence[Mapping], events: Sequence[Mapping], sla: Sla,
                  scale: float, links: Sequence[LinkSample] = ()) -> dict:
     """One mode's entry of summary.json, keys in contract order."""
@@ -322,6 +363,8 @@ def mode_metrics(records: Sequence[Mapping], events: Sequence[Mapping], sla: Sla
         "kv_prediction_error_p90": percentile(kv_prediction_errors(records), 90),
         "wan_rate_max_over_shaper": max((r for _, _, r in shaper_rate_ratios(links)),
                                         default=None),
+        **hit_rates(records),
+        "wan_kv_share": wan_kv_share(emulated["wan_bytes"], links, window),
         "emulated": emulated,
     }
 

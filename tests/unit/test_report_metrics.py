@@ -213,3 +213,33 @@ def test_paired_ttft_ratio_refuses_to_pair_different_prompts_and_is_null_without
     base = [_req(0, 0.1, prompt_len=101)]
     assert paired_metrics(mode, base) == {"paired_ttft_ratio_p50": None, "n": 0}
     assert paired_metrics([_req(0, 0.2, pipeline="rld-only")], [_req(0, 0.1)])["n"] == 0
+
+
+def test_hit_rates_are_over_requests_with_both_and_the_gap_is_p_minus_md():
+    a, b, c, d = rec(1), rec(2), rec(3, pipeline="rld-only"), rec(4, status="failed")
+    a.update(p_hit_rate=0.96, md_hit_rate=0.96)
+    b.update(p_hit_rate=0.90, md_hit_rate=0.70)          # MD lacked 20 points of P's prefix
+    c.update(p_hit_rate=0.10, md_hit_rate=None)          # never reached MD: not counted
+    d.update(p_hit_rate=0.0, md_hit_rate=0.0)            # failed: not counted
+    m = mode_metrics([a, b, c, d], EVENTS, Sla(), scale=1.0)
+    assert m["p_hit_rate_mean"] == pytest.approx(0.93)
+    assert m["md_hit_rate_mean"] == pytest.approx(0.83)
+    assert m["drc_hit_gap"] == pytest.approx(0.10)
+    none = mode_metrics([c], EVENTS, Sla(), scale=1.0)
+    assert none["p_hit_rate_mean"] is none["drc_hit_gap"] is None
+
+
+def test_wan_kv_share_is_bytes_over_the_a_to_b_capacity_of_the_window():
+    # 10 s window at 0.4 Gbit/s emulated = 500 MB; 200 MB of KV + 1 MB handoff
+    links = [LinkSample(t, "wan", "a>b", 0, 0, 0, 10.0, 0.4) for t in (99.0, 100.0, 105.0, 110.0)]
+    links += [LinkSample(t, "wan", "b>a", 0, 0, 0, 10.0, 0.1) for t in (100.0, 110.0)]
+    r = rec(1, b={"kv_wan": 200_000_000, "handoff": 1_000_000, "kv_intra": 5})
+    m = mode_metrics([r], EVENTS, Sla(), scale=25.0, links=links)
+    assert m["wan_kv_share"] == pytest.approx(201e6 / 500e6)
+    # halve the rate from t = 105: the mean of the rows in the window (links.csv rows are
+    # periodic, so this is the time average to within one sampling interval)
+    slow = links[:2] + [LinkSample(105.0, "wan", "a>b", 0, 0, 0, 5.0, 0.2),
+                        LinkSample(110.0, "wan", "a>b", 0, 0, 0, 5.0, 0.2)]
+    assert mode_metrics([r], EVENTS, Sla(), 25.0, slow)["wan_kv_share"] == pytest.approx(
+        201e6 / ((0.4 + 0.2 + 0.2) / 3 * 1e9 / 8 * 10))
+    assert mode_metrics([r], EVENTS, Sla(), 25.0, ())["wan_kv_share"] is None
