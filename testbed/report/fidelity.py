@@ -253,13 +253,16 @@ def role_figures(rows: Sequence[dict], window) -> dict | None:
         by_pid.setdefault(r["pid"], []).append(r)
     steps = overruns = 0
     overrun_s = modeled_s = 0.0
-    lags, has_pacer = [], False
+    lags, gcs, has_pacer = [], [], False
     for rs in by_pid.values():
         if window is not None and rs[-1]["t_mono"] < window[0]:
             continue  # a process that ended before the workload started
         a, b = _around(rs, window)
         first = a is not b
         lags.append(difference(b["loop_lag"], a["loop_lag"] if first else None))
+        if b.get("gc_pause"):  # absent in runs made before the probe counted gc pauses
+            gcs.append(difference(b["gc_pause"], a["gc_pause"] if first and a.get("gc_pause")
+                                  else None))
         if b.get("pacer"):
             has_pacer = True
             pa = a["pacer"] if first and a.get("pacer") else {}
@@ -273,6 +276,10 @@ def role_figures(rows: Sequence[dict], window) -> dict | None:
     out = {"role": rows[0].get("role"), "processes": len(by_pid),
            "loop_lag_p50_ms": quantile_ms(lag, 0.5), "loop_lag_p99_ms": quantile_ms(lag, 0.99),
            "loop_lag_max_ms": lag["max_ms"] if lag["n"] else None}
+    if gcs:  # not judged: it tells how much of the loop's lag the garbage collector made
+        pauses = merge(gcs)
+        out.update(gc_pauses=pauses["n"], gc_pause_p99_ms=quantile_ms(pauses, 0.99),
+                   gc_pause_s=round(pauses["sum_ms"] / 1000.0, 4))
     if has_pacer:
         out.update(steps=steps, overrun_step_share=round(overruns / steps, 4) if steps else None,
                    overrun_s=round(overrun_s, 3),

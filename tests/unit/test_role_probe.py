@@ -52,3 +52,24 @@ def test_pacer_of_finds_prefills_and_the_decoders_pacers():
         pass
 
     assert pacer_of(Prefill()) is p and pacer_of(Decode()) is p and pacer_of(Router()) is None
+
+
+def test_garbage_collector_pauses_are_counted_while_the_probe_runs(tmp_path):
+    import gc
+    path = tmp_path / "rld1.stats.jsonl"
+
+    async def main():
+        probe = RoleProbe(path, "rld1", "relay_decode")
+        probe.start()
+        junk = [[[i] for i in range(1000)] for _ in range(200)]  # 200k containers to traverse
+        gc.collect()
+        gc.collect()
+        await asyncio.sleep(0.03)
+        await probe.stop()
+        gc.collect()  # after stop: not counted
+        return junk
+
+    asyncio.run(main())
+    last = [json.loads(x) for x in path.read_text().splitlines()][-1]
+    assert last["gc_pause"]["n"] >= 2  # the two full ones, and the automatic ones the lists made
+    assert last["gc_pause"]["sum_ms"] > 0

@@ -14,11 +14,11 @@ FLEET = [("router", "router", "A"), ("p0", "prefill", "A"), ("p1", "prefill", "A
          ("md0", "main_decode", "B"), ("md1", "main_decode", "B"), ("client", "client", "B")]
 
 
-def fleet_router() -> RouterNode:
+def fleet_router(token_scale: int = 1) -> RouterNode:
     instances = [{"name": n, "role": r, "host": "127.0.0.1", "dc": dc,
                   **({} if r == "client" else {"port": 7000 + i})}
                  for i, (n, r, dc) in enumerate(FLEET)]
-    cfg = parse_config({"mode": "pdd", "timing": {"token_scale": 1}, "instances": instances},
+    cfg = parse_config({"mode": "pdd", "timing": {"token_scale": token_scale}, "instances": instances},
                        "<test>")
     return RouterNode(cfg, "router", transport=None)
 
@@ -27,15 +27,29 @@ def prompt(seed: int, n: int = 256) -> list[int]:
     return [(seed * 7919 + i * 31) % 500 for i in range(n)]
 
 
-def test_a_prompt_goes_to_the_p_whose_cache_holds_it_else_to_the_first_free():
-    router = fleet_router()
+def test_a_prompt_goes_to_the_p_whose_prefill_would_end_first():
+    # 256 real tokens x 256 = a 64K-token prompt: ~8 s of cold prefill on a 4-chip
+    # GPU-A instance, a few tens of ms when P's cache holds all but 3 tokens
+    router = fleet_router(token_scale=256)
+    cold = router.cfg.timing.cost(Role.PREFILL).prefill_s(259, 0)  # real tokens x token_scale
+    assert 6.0 < cold < 10.0
     a, b = prompt(1), prompt(2)
     router._p_mirror("p1").record(a)
-    router.p_free_at["p1"] = time.monotonic() + 10.0  # p1 busy for 10 s
+    router.p_free_at["p1"] = time.monotonic() + cold - 2.0  # busy, but less than a cold prefill
     assert router._choose(a + [1, 2, 3])[Role.PREFILL] == "p1"  # its hit outweighs the queue
     assert router._choose(b)[Role.PREFILL] == "p0"  # no hit anywhere: the free one
+    router.p_free_at["p1"] = time.monotonic() + cold + 2.0  # the queue outweighs the hit
+    assert router._choose(a + [1, 2, 3])[Role.PREFILL] == "p0"
     router.p_free_at["p0"] = time.monotonic() + 20.0
     assert router._choose(b)[Role.PREFILL] == "p1"
+
+
+def test_free_ps_without_hits_go_by_name_and_a_partial_hit_wins_among_free_ones():
+    router = fleet_router(token_scale=256)
+    a = prompt(1)
+    assert router._choose(a)[Role.PREFILL] == "p0"
+    router._p_mirror("p1").record(a[:128])  # half the prompt: half the prefill
+    assert router._choose(a)[Role.PREFILL] == "p1"
 
 
 def test_a_prompt_goes_to_the_md_whose_drc_holds_or_receives_it():

@@ -154,14 +154,20 @@ class RouterNode(RoleServer):
 
     def _choose(self, prompt: Sequence[int]) -> dict[Role, str | None]:
         """The instances of a new request (every mode alike, so modes compare on one
-        placement): the P whose prefix cache holds most of the prompt, then the one whose
-        queue ends first; the MD whose DRC holds (or is receiving) most of it, then the
-        least loaded; the least loaded RLD. With one instance of each, that instance."""
-        now = time.monotonic()
+        placement): the P whose prefill would end first (its queue's predicted end plus
+        the prefill of what its prefix cache lacks: a high-hit request stays with the P
+        that holds its prefix, a low-hit one goes where the queue is short), then the one
+        holding more of the prompt; the MD whose DRC holds (or is receiving) most of it,
+        then the least loaded; the least loaded RLD. With one instance of each, that one."""
+        now, timing = time.monotonic(), self.cfg.timing
         p_live, rld_live, md_live = (self._live(r) for r in _ROLES)
+        cost, n = timing.cost(Role.PREFILL), len(prompt)
 
-        def p_key(n: str) -> tuple:
-            return (-self._p_mirror(n).hit(prompt), max(now, self.p_free_at.get(n, now)), n)
+        def p_key(name: str) -> tuple:
+            hit = self._p_mirror(name).hit(prompt)
+            end = max(now, self.p_free_at.get(name, now)) \
+                + cost.prefill_s(n - hit, hit) * timing.time_scale
+            return (round(end, 6), -hit, name)
 
         p = min(p_live, default=None, key=p_key)
         load: dict[str, int] = {}
@@ -333,7 +339,9 @@ class RouterNode(RoleServer):
                 "rld_budget": {"max_batch": self.rld_budget.max_batch,
                                "kv_tokens": self.rld_budget.kv_tokens},
                 "rld_decode_s": round(rld_decode_s, 6),
-                "roles": sorted(role.name for role in involved), "mode": cfg.mode.value}
+                "roles": sorted(role.name for role in involved), "mode": cfg.mode.value,
+                "instances": {role.name: names[role] for role in sorted(involved,
+                                                                        key=lambda x: x.name)}}
         return r, info
 
     def _transfer_over(self, rid: int) -> None:

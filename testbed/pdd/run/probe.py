@@ -8,7 +8,12 @@ the stats file every ``WRITE_EVERY_S`` and once more at stop::
 
     {"t_mono", "pid", "name", "role",
      "pacer": {"n_steps", "n_overruns", "overrun_s", "modeled_s"},   # null for router, client
-     "loop_lag": {histogram: testbed.histogram}}
+     "loop_lag": {histogram: testbed.histogram},
+     "gc_pause": {histogram}}       # the cyclic garbage collector's pauses, any generation
+
+A collection stops the whole process, loop included, for as long as it takes
+to traverse the live containers, so a role holding many requests' token lists
+can lag by its gc pauses alone: ``gc_pause`` says how much of the lag they are.
 
 The counters are cumulative per process (a restarted instance appends with
 a new pid and starts from zero), so the report takes the difference of the
@@ -24,6 +29,7 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import time
@@ -43,8 +49,17 @@ class RoleProbe:
                  clock=time.monotonic):
         self.path, self.name, self.role, self.pacer = Path(path), name, role, pacer
         self.lag = LatencyHistogram()
+        self.gc_pause = LatencyHistogram()
         self._clock = clock
         self._tasks: list[asyncio.Task] = []
+        self._gc_t0: float | None = None
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._gc_t0 = time.perf_counter()
+        elif self._gc_t0 is not None:
+            self.gc_pause.add_ms((time.perf_counter() - self._gc_t0) * 1000.0)
+            self._gc_t0 = None
 
     def snapshot(self) -> dict:
         st = self.pacer.stats if self.pacer is not None else None
@@ -52,7 +67,8 @@ class RoleProbe:
             "n_steps": st.n_steps, "n_overruns": st.n_overruns,
             "overrun_s": round(st.overrun_s, 6), "modeled_s": round(st.modeled_s, 6)}
         return {"t_mono": round(self._clock(), 4), "pid": os.getpid(), "name": self.name,
-                "role": self.role, "pacer": pacer, "loop_lag": self.lag.to_dict()}
+                "role": self.role, "pacer": pacer, "loop_lag": self.lag.to_dict(),
+                "gc_pause": self.gc_pause.to_dict()}
 
     def write(self) -> None:
         with self.path.open("a") as fh:
@@ -70,6 +86,8 @@ class RoleProbe:
             await asyncio.sleep(WRITE_EVERY_S)
 
     def start(self) -> None:
+        if self._on_gc not in gc.callbacks:
+            gc.callbacks.append(self._on_gc)
         self._tasks = [asyncio.create_task(self._lag_loop()),
                        asyncio.create_task(self._write_loop())]
 
@@ -83,6 +101,8 @@ class RoleProbe:
             except asyncio.CancelledError:
                 pass
         self._tasks = []
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
         self.write()
 
 
