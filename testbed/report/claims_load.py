@@ -22,6 +22,10 @@ from testbed.report.rundir import ModeData, RunData
 HIT_BINS = ((0, 90), (90, 95), (95, 96), (96, 97), (97, 98), (98, 99), (99, 100))  # the paper's
 
 
+# The load sweeps, the fleet's first: a fleet on one line is the regime of claims 6-8
+LOAD_SLOTS = ["fleet-sweep", "goodput-load", "headline"]
+
+
 def _goodput(run: RunData, mode: ModeData) -> float | None:
     w = workload_window(mode.events, mode.requests)
     return goodput_rps(mode.requests, Sla.from_resolved(run.resolved), w and w[1] - w[0])
@@ -54,9 +58,9 @@ def knee_goodput(run: RunData) -> dict[str, tuple[float, float, str]]:
 # -- 6. goodput within SLA ----------------------------------------------------
 def claim_goodput(runs, bench) -> Claim:
     key, title, pub = "6", "goodput within SLA vs cross-DC PD", "+27.8%"
-    slot, run, names = _pick(runs, ["goodput-load", "headline"], ["pdd", "cross-dc-pd"])
+    slot, run, names = _pick(runs, LOAD_SLOTS, ["pdd", "cross-dc-pd"])
     if run is None:
-        return _missing(key, title, pub, ["goodput-load", "headline"])
+        return _missing(key, title, pub, LOAD_SLOTS)
     knee = knee_goodput(run)
     p, b = knee.get("pdd"), knee.get("cross-dc-pd")
     ch = change_pct(p and p[1], b and b[1])
@@ -79,9 +83,9 @@ def claim_goodput(runs, bench) -> Claim:
 def claim_bcr(runs, bench, cfg: CapacityConfig | None = None) -> Claim:
     key, title = "7", "BCR vs same-DC homogeneous PD; fleet and cost"
     pub = "BCR +37.5%; 43 GPU-A + 32 GPU-B + 1 WAN line vs 88 GPU-A; cost -3.5% to -7.1%"
-    slot, run, names = _pick(runs, ["goodput-load", "headline"], ["pdd", "same-dc-pd"])
+    slot, run, names = _pick(runs, LOAD_SLOTS, ["pdd", "same-dc-pd"])
     if run is None:
-        return _missing(key, title, pub, ["goodput-load", "headline"])
+        return _missing(key, title, pub, LOAD_SLOTS)
     knee = knee_goodput(run)
     p, s = knee.get("pdd"), knee.get("same-dc-pd")
     ratio = p[1] / s[1] if p and s and s[1] else None
@@ -127,9 +131,10 @@ def _e2e_p99(mode: ModeData) -> float | None:
 
 def claim_p_rld(runs, bench) -> Claim:
     key, title, pub = "8", "P->RLD alone overloads RLD", "collapses (qualitative)"
-    slot, run, names = _pick(runs, ["rld-overload", "headline"], ["pdd", "p-rld"])
+    slots = ["fleet-sweep", "rld-overload", "headline"]
+    slot, run, names = _pick(runs, slots, ["pdd", "p-rld"])
     if run is None:
-        return _missing(key, title, pub, ["rld-overload", "headline"])
+        return _missing(key, title, pub, slots)
     pts = _load_points(run)
     pairs = list(zip(pts.get("pdd", []), pts.get("p-rld", [])))
     rows, broke_at = [], None

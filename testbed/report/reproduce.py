@@ -69,6 +69,9 @@ FULL = (
     Slot("bathtub", "scenarios/paper/bathtub-7bins.yaml", "9"),
     Slot("odd-traffic", "scenarios/odd-traffic.yaml", "10"),
     Slot("handoff", "scenarios/handoff-modes.yaml", "11"),
+    # the fleet on one WAN line (claims 2 and 6-8 prefer these to the slots above)
+    Slot("fleet", "scenarios/paper/fleet.yaml", "2"),
+    Slot("fleet-sweep", "scenarios/paper/fleet-sweep.yaml", "6 7 8"),
 )
 # --quick: 8 modes and 10 bench trials. A mode costs ~50 s of start-up, warm-up and
 # drain besides its workload (pdd-vs-baseline: 3 modes of 75 s of arrivals in ~7 min).
@@ -192,7 +195,7 @@ def build_table(run_dir: Path, capacity: CapacityConfig | None = None) -> dict:
             "bench": bench is not None, "counts": counts, "claims": claims,
             "bathtub": [list(p) for p in bathtub_points(runs)[0]],
             "goodput_load": {slot: _load_points(run) for slot, run in runs.items()
-                             if slot in ("goodput-load", "headline")}}
+                             if slot in ("fleet-sweep", "goodput-load", "headline")}}
 
 
 def _cond(c: Mapping) -> str:
@@ -280,7 +283,7 @@ def plot_bathtub(points: list, path: Path) -> None:
 def plot_goodput(points_by_slot: Mapping, path: Path) -> None:
     fig = Figure(figsize=(6, 3.5))
     ax = fig.add_subplot()
-    slot = "goodput-load" if "goodput-load" in points_by_slot else "headline"
+    slot = next((s for s in ("fleet-sweep", "goodput-load") if s in points_by_slot), "headline")
     for kind, pts in (points_by_slot.get(slot) or {}).items():
         ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=kind)
     ax.set_xlabel("offered load (req/s, from arrivals)")
