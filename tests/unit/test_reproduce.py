@@ -139,6 +139,31 @@ def test_baseline_tail_prefers_its_own_run(tmp_path):
     assert c.figures["full_64k_kv_s"] == pytest.approx(65536 * 50000 * 8 / 10e9)
 
 
+def test_baseline_tail_prefers_the_fleet_to_the_one_p_run(tmp_path):
+    headline(tmp_path, base_ttft=1.0)
+    write_run(tmp_path, "baseline-64k", {"cross-dc-pd": (
+        "cross-dc-pd", {}, [rec(i, 0.5, prompt=2048) for i in range(10)], 10.0)})
+    write_run(tmp_path, "fleet", {"cross-dc-pd": (
+        "cross-dc-pd", {}, [rec(i, 10.0, prompt=2048) for i in range(10)], 10.0)})
+    c = claim_baseline_tail(runs_of(tmp_path), None)
+    assert c.figures["ttft_p50_s"] == pytest.approx(10.0) and c.verdict == REPRODUCED
+    assert "fleet" in c.conditions["note"]
+
+
+def test_the_load_claims_prefer_the_fleet_sweep(tmp_path):
+    headline(tmp_path)
+    loads = {}
+    for n in (10, 20):  # 1 and 2 req/s over the 10 s span
+        for kind, name in (("pdd", "pdd"), ("cross-dc-pd", "base"), ("same-dc-pd", "same"),
+                           ("p-rld", "prld")):
+            loads[f"{name}-n{n}"] = (kind, {}, [rec(i, 0.1) for i in range(n)], 10.0)
+    write_run(tmp_path, "fleet-sweep", loads)
+    c = claim_goodput(runs_of(tmp_path), None)
+    assert c.conditions and len(c.figures["points"]["pdd"]) == 2
+    assert c.figures["pdd_knee"][2] == "pdd-n20"  # the sweep's, not the headline's
+    assert len(claim_p_rld(runs_of(tmp_path), None).figures["points"]) == 2
+
+
 def test_wan_bytes_counterfactual(tmp_path):
     headline(tmp_path)
     c = claim_wan_bytes(runs_of(tmp_path), None)

@@ -400,3 +400,39 @@ def test_tcp_stream_takes_more_than_asyncio_s_256_kib_per_loop_pass():
     sent, first = run(scenario())
     assert sent > 1 << 20, sent  # the kernel held over 1 MiB before the loop looked
     assert (256 << 10) < first <= READ_BYTES and first == min(sent, READ_BYTES)
+
+
+def test_small_frames_of_one_loop_turn_go_in_one_write_and_keep_their_order():
+    """A decode step's TOKENS frames (one per request) leave in one write at the end of the
+    loop turn; a large frame between them flushes what was queued before it first."""
+    async def scenario():
+        got, writes = [], []
+
+        async def handler(conn):
+            while True:
+                got.append(await conn.recv())
+
+        options = TcpOptions()
+        async with await serve("127.0.0.1", 0, handler, options) as listener:
+            async with await connect(*listener.address, options) as conn:
+                real_write = conn._transport.write
+                conn._transport.write = lambda data: (writes.append(len(data)),
+                                                      real_write(data))[1]
+                small = [Frame(i, Tokens(Role.MAIN_DECODE, i, (i,))) for i in range(1, 9)]
+                big = Frame(50, KvChunk(0, 1, 0, 1, bytes(200_000)))
+                for f in small[:4]:
+                    await conn.send(f)
+                assert writes == []  # queued: nothing yielded to the loop yet
+                await conn.send(big)
+                for f in small[4:]:
+                    await conn.send(f)
+                await asyncio.sleep(0)
+                n_writes = len(writes)
+                while len(got) < 9:
+                    await asyncio.sleep(0.01)
+        return got, small, big, n_writes
+
+    got, small, big, n_writes = run(scenario())
+    assert got == small[:4] + [big] + small[4:]
+    # the first four in one write, the large frame's own write(s), the last four in one
+    assert n_writes <= 4

@@ -288,6 +288,10 @@ def _apply_buffer_sizes(sock: socket.socket, options: TcpOptions) -> None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, options.rcvbuf_bytes)
 
 
+# Frames up to this size are coalesced per event-loop turn (TcpConnection._write)
+COALESCE_MAX_BYTES = 65536
+
+
 class TcpConnection(Connection):
     """A ``Connection`` over one TCP socket (an asyncio transport + ``TcpStream``)."""
 
@@ -297,6 +301,8 @@ class TcpConnection(Connection):
         super().__init__(f"{peer[0]}:{peer[1]}" if peer else "?", limits=options.limits,
                          frame_timeout_s=options.frame_timeout_s)
         self._stream, self._transport = stream, transport
+        self._pending: list[Buffer] = []  # small frames waiting for this loop turn's write
+        self._flush_soon = False
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, int(options.nodelay))
@@ -310,6 +316,21 @@ class TcpConnection(Connection):
         return self._transport.get_extra_info("socket")
 
     async def _write(self, parts: list[Buffer], filler: int) -> None:
+        if self._transport.is_closing():
+            raise ConnectionResetError("connection is closing")
+        if not filler and sum(map(len, parts)) <= COALESCE_MAX_BYTES:
+            # A small frame (TOKENS, REPORT, HANDOFF) joins the others sent in this turn of
+            # the event loop and they go in one write at its end: with TCP_NODELAY every
+            # write is a syscall and a segment of its own, and a decode step sends one
+            # TOKENS frame per request in its batch (the router forwards each).
+            self._pending.extend(parts)
+            if not self._flush_soon:
+                self._flush_soon = True
+                asyncio.get_running_loop().call_soon(self._flush)
+            if self._transport.get_write_buffer_size() > COALESCE_MAX_BYTES:
+                await self._stream.drain()  # a slow peer: wait as a large frame would
+            return
+        self._flush()  # what was queued before this frame goes first
         # One write per buffer, no join: asyncio sends each at once while the socket
         # has room and copies (memcpy) only what it cannot send yet.
         for part in parts + filler_views(filler) if filler else parts:
@@ -321,7 +342,16 @@ class TcpConnection(Connection):
     async def _read(self) -> bytes:
         return await self._stream.read()
 
+    def _flush(self) -> None:
+        """Write the small frames queued in this loop turn, in order, as one buffer."""
+        self._flush_soon = False
+        if self._pending and not self._transport.is_closing():
+            data = b"".join(self._pending)
+            self._pending.clear()
+            self._transport.write(data)
+
     def _close_transport(self) -> None:
+        self._flush()  # frames sent before close() still go
         self._transport.close()  # connection_lost wakes a pending _read with b""
 
     async def wait_closed(self) -> None:
