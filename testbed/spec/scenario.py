@@ -30,7 +30,8 @@ from testbed.types import ENGINES, HandoffMode, Mode
 
 # The summary.json metrics an expectation may bound (docs/run-directory.md).
 METRICS = ("requests_total", "requests_completed", "requests_failed", "tokens_lost",
-           "tokens_duplicated", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_p50_ms",
+           "tokens_duplicated", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "ttft_mean_s",
+           "tpot_p50_ms",
            "e2e_p99_s", "goodput_rps", "handoff_stall_p99_ms", "wan_bytes", "intra_dc_bytes",
            "rld_token_share", "relayed_share", "kv_prediction_error_p50",
            "kv_prediction_error_p90", "wan_rate_max_over_shaper", "p_hit_rate_mean",

@@ -126,7 +126,7 @@ def test_metric_value_reaches_emulated_and_rejects_unknown_names():
     assert metric_value(m, "wan_bytes") == 20
     assert metric_value(m, "emulated.wan_bytes") == 5
     with pytest.raises(KeyError):
-        metric_value(m, "ttft_mean_s")
+        metric_value(m, "ttft_p75_s")
 
 
 def test_compare_gives_ratio_and_change_and_nulls_when_undefined():
@@ -243,3 +243,9 @@ def test_wan_kv_share_is_bytes_over_the_a_to_b_capacity_of_the_window():
     assert mode_metrics([r], EVENTS, Sla(), 25.0, slow)["wan_kv_share"] == pytest.approx(
         201e6 / ((0.4 + 0.2 + 0.2) / 3 * 1e9 / 8 * 10))
     assert mode_metrics([r], EVENTS, Sla(), 25.0, ())["wan_kv_share"] is None
+
+
+def test_ttft_mean_is_over_completed_requests():
+    recs = [rec(1, ttft=0.5), rec(2, ttft=1.5), rec(3, ttft=9.0, status="failed")]
+    assert mode_metrics(recs, EVENTS, Sla(), 1.0)["ttft_mean_s"] == pytest.approx(1.0)
+    assert mode_metrics([rec(3, status="failed")], EVENTS, Sla(), 1.0)["ttft_mean_s"] is None
