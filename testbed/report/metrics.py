@@ -34,6 +34,12 @@ Definitions (docs/run-directory.md):
   -> RLD's first token (record ``relay_overhead_ms``), over completed
   relayed requests (transfer of the KV over the intra-DC link + framing +
   RLD's emit); None when no request was relayed.
+- ``after_prefill_p50_s/p90_s``: what a request's TTFT adds to P's own
+  time, its first token's arrival at the client minus P's prefill end
+  (record ``t_sent + ttft_s`` vs P's REPORT ``t_prefill_end``, one monotonic
+  clock), over completed requests. P's queue and prefill are the same in
+  every mode on one placement; this is the part a pipeline decides: the WAN
+  KV wait in the cross-DC baseline, the local path in a relayed request.
 - ``kv_prediction_error_p50/p90``: the router's WAN model against what
   happened, per request whose KV reached MD: ``|predicted - actual| /
   actual`` of the time from P's prefill end to the KV complete at MD
@@ -90,7 +96,7 @@ MODE_KEYS = ("requests_total", "requests_completed", "requests_failed",
              "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "ttft_mean_s", "ttft_high_hit_p50_s",
              "tpot_p50_ms", "e2e_p99_s", "goodput_rps", "handoff_stall_p99_ms",
              "relay_overhead_p50_ms", "relay_overhead_p90_ms",
-             "wan_bytes", "intra_dc_bytes", "rld_token_share", "relayed_share",
+             "after_prefill_p50_s", "after_prefill_p90_s", "wan_bytes", "intra_dc_bytes", "rld_token_share", "relayed_share",
              "kv_prediction_error_p50", "kv_prediction_error_p90",
              "wan_rate_max_over_shaper", "p_hit_rate_mean", "md_hit_rate_mean", "drc_hit_gap",
              "wan_kv_share", "emulated")
@@ -233,6 +239,14 @@ def relay_overhead_ms(records: Sequence[Mapping]) -> dict[str, float | None]:
             "relay_overhead_p90_ms": percentile(ms, 90)}
 
 
+def after_prefill_s(record: Mapping) -> float | None:
+    """First token at the client minus P's prefill end; None without both times."""
+    end = ((record.get("reports") or {}).get("P") or {}).get("t_prefill_end")
+    if end is None or record.get("t_sent") is None or record.get("ttft_s") is None:
+        return None
+    return record["t_sent"] + record["ttft_s"] - end
+
+
 def handoff_stall_p99_ms(records: Sequence[Mapping]) -> float | None:
     stalls = [(r.get("handoff") or {}).get("stall_ms") for r in completed(records)]
     return percentile(stalls, 99)
@@ -358,6 +372,8 @@ def mode_metrics(records: Sequence[Mapping], events: Sequence[Mapping], sla: Sla
         "goodput_rps": goodput_rps(records, sla, window and window[1] - window[0]),
         "handoff_stall_p99_ms": handoff_stall_p99_ms(records),
         **relay_overhead_ms(records),
+        "after_prefill_p50_s": percentile(map(after_prefill_s, done), 50),
+        "after_prefill_p90_s": percentile(map(after_prefill_s, done), 90),
         "wan_bytes": emulated["wan_bytes"] * scale,
         "intra_dc_bytes": emulated["intra_dc_bytes"] * scale,
         "rld_token_share": rld_token_share(records),

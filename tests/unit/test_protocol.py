@@ -347,3 +347,15 @@ def test_only_kv_chunk_payloads_take_filler():
         decode_payload(MsgType.KV_READY, b"\x00\x00\x00\x07", filler=1)
     with pytest.raises(ProtocolError, match="filler must be an unsigned 32-bit"):
         KvChunk(0, 1, 0, 1, b"", filler=-1)
+
+
+def test_a_capped_feed_keeps_the_rest_and_decodes_it_first_next_time():
+    frames = [Frame(i, Health(nonce=i)) for i in range(1, 8)]
+    stream = b"".join(encode_frame(f) for f in frames)
+    dec = FrameDecoder()
+    cut = len(stream) - 5  # the last frame arrives in two reads
+    assert dec.feed(stream[:cut], max_frames=3) == frames[:3]
+    assert dec.undecoded > 0 and dec.buffered >= dec.undecoded
+    assert dec.feed(b"", max_frames=3) == frames[3:6]
+    assert dec.feed(stream[cut:], max_frames=3) == frames[6:]
+    assert dec.undecoded == 0 and dec.buffered == 0

@@ -249,3 +249,12 @@ def test_ttft_mean_is_over_completed_requests():
     recs = [rec(1, ttft=0.5), rec(2, ttft=1.5), rec(3, ttft=9.0, status="failed")]
     assert mode_metrics(recs, EVENTS, Sla(), 1.0)["ttft_mean_s"] == pytest.approx(1.0)
     assert mode_metrics([rec(3, status="failed")], EVENTS, Sla(), 1.0)["ttft_mean_s"] is None
+
+
+def test_after_prefill_is_the_first_token_minus_ps_prefill_end():
+    a, b, c = rec(1, ttft=2.0, t_sent=100.0), rec(2, ttft=5.0, t_sent=100.0), rec(3)
+    a["reports"] = {"P": {"t_prefill_end": 101.5}}   # 0.5 s after the prefill
+    b["reports"] = {"P": {"t_prefill_end": 101.0}}   # 4 s: a WAN KV wait
+    m = mode_metrics([a, b, c], EVENTS, Sla(), 1.0)  # c has no P report: not counted
+    assert m["after_prefill_p50_s"] == pytest.approx(2.25)
+    assert m["after_prefill_p90_s"] == pytest.approx(0.5 + 0.9 * 3.5)

@@ -23,7 +23,8 @@ TOP_KEYS = ["scenario", "backend", "scale", "modes", "comparisons", "paired", "e
 MODE_KEYS = ["requests_total", "requests_completed", "requests_failed", "tokens_lost",
              "tokens_duplicated", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "ttft_mean_s", "ttft_high_hit_p50_s",
              "tpot_p50_ms", "e2e_p99_s", "goodput_rps", "handoff_stall_p99_ms", "relay_overhead_p50_ms",
-             "relay_overhead_p90_ms", "wan_bytes", "intra_dc_bytes",
+             "relay_overhead_p90_ms", "after_prefill_p50_s", "after_prefill_p90_s", "wan_bytes",
+             "intra_dc_bytes",
              "rld_token_share", "relayed_share", "kv_prediction_error_p50",
              "kv_prediction_error_p90", "wan_rate_max_over_shaper", "p_hit_rate_mean",
              "md_hit_rate_mean", "drc_hit_gap", "wan_kv_share", "emulated"]

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import ClassVar
@@ -85,6 +86,7 @@ def request_problem(model: ModelConfig, req: Request) -> str | None:
     return None
 
 
+READ_TURN_S = 0.002  # a read loop yields after handling decoded frames this long
 _STRAY_WARNINGS = 20  # stray frames logged as warnings per process; later ones at debug
 
 
@@ -262,8 +264,20 @@ class RoleServer:
         return None
 
     async def _read_loop(self, peer: Peer) -> None:
+        # recv returns frames already decoded from one read without yielding: after a
+        # burst (hundreds of TOKENS frames from a decoder's steps) this loop would hold
+        # the event loop until all were handled, delaying every other peer's frames and
+        # timers. Yield once it has run this long.
+        turn: float | None = None  # when this run of already decoded frames began
         try:
             while True:
+                if not peer.conn.buffered_frames:
+                    turn = None  # recv reads from the socket: it waits, the loop turns
+                elif turn is None:
+                    turn = time.monotonic()
+                elif time.monotonic() - turn > READ_TURN_S:
+                    await asyncio.sleep(0)
+                    turn = time.monotonic()
                 frame = await peer.conn.recv()
                 if isinstance(frame.message, Request) and \
                         (refusal := self._refusal(frame.message)) is not None:

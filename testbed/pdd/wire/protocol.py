@@ -321,6 +321,11 @@ class FrameDecoder:
     (``error`` is set at once). Once failed, every call raises that error.
     Call ``eof()`` when the stream ends: it raises if a frame was cut short.
 
+    ``feed(data, max_frames=n)`` stops after n frames and keeps the rest of
+    ``data`` (a copy) for the next call, which decodes it first (``feed(b"")``
+    goes on with it; ``undecoded`` says how many such bytes wait): a reader
+    that got hundreds of small frames in one read can handle them in turns.
+
     ``feed`` keeps no reference to its argument (the caller may reuse the
     buffer): header and payload bytes are copied once, into the frame's own
     buffer; filler bytes are checked in place and only counted. The lengths a
@@ -349,17 +354,27 @@ class FrameDecoder:
         self._payload: bytearray | None = None  # grows as payload bytes arrive
         self._got = 0  # payload bytes received
         self._filler_got = 0  # filler bytes received (checked, not kept)
+        self._rest = b""  # bytes fed after the frame a max_frames feed stopped at
 
     @property
     def buffered(self) -> int:
-        """Bytes of the current, incomplete frame received so far (filler counted, not kept)."""
-        return len(self._head) + self._got + self._filler_got
+        """Bytes received and not yet returned as frames: those of the current, incomplete
+        frame (filler counted, not kept) and any not decoded yet (``undecoded``)."""
+        return len(self._head) + self._got + self._filler_got + len(self._rest)
 
-    def feed(self, data: Buffer) -> list[Frame]:
-        """Add ``data``; return the frames it completes (see the class docstring)."""
+    @property
+    def undecoded(self) -> int:
+        """Bytes a ``max_frames`` feed left for the next call."""
+        return len(self._rest)
+
+    def feed(self, data: Buffer, max_frames: int | None = None) -> list[Frame]:
+        """Add ``data``; return the frames it completes, at most ``max_frames`` (see the
+        class docstring)."""
         if self.error is not None:
             raise self.error
-        if isinstance(data, memoryview):
+        if self._rest:
+            data, self._rest = self._rest + bytes(data), b""
+        elif isinstance(data, memoryview):
             data = bytes(data)  # the filler check needs bytes' startswith; rare path
         frames: list[Frame] = []
         pos = 0
@@ -368,6 +383,10 @@ class FrameDecoder:
             while (found := self._advance(data, view, pos)) is not None:
                 frame, pos = found
                 frames.append(frame)
+                if max_frames is not None and len(frames) >= max_frames:
+                    if pos < len(data):
+                        self._rest = bytes(view[pos:])
+                    break
         except ProtocolError as err:
             self._fail(err)
             if not frames:

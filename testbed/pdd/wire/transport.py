@@ -40,6 +40,11 @@ log = logging.getLogger(__name__)
 Handler = Callable[["Connection"], Awaitable[None]]
 
 
+# recv decodes at most this many frames of one read at a time (the rest on later calls),
+# so that a reader can yield between them (RoleServer._read_loop)
+DECODE_BATCH_FRAMES = 64
+
+
 class ConnectionClosed(TestbedError):
     """The connection is closed (by this side or the peer); no more frames."""
 
@@ -122,12 +127,21 @@ class Connection(abc.ABC):
         finally:
             self._frame_waited += loop.time() - t0
 
+    @property
+    def buffered_frames(self) -> int:
+        """Frames decoded and not yet returned by ``recv``, plus one when bytes wait to
+        be decoded: nonzero while ``recv`` may return without reading the socket."""
+        return len(self._frames) + bool(self._decoder.undecoded)
+
     async def recv(self) -> Frame:
         """The next frame; ConnectionClosed at the end, ProtocolError on a bad frame
         (or on a frame not complete within ``frame_timeout_s``)."""
         while not self._frames:
             if self._decoder.error is not None:
                 raise self._decoder.error
+            if self._decoder.undecoded:  # what the last read brought, in turns
+                self._frames.extend(self._decoder.feed(b"", DECODE_BATCH_FRAMES))
+                continue
             if self._closed:
                 raise ConnectionClosed(f"connection to {self.peer} is closed")
             try:
@@ -141,7 +155,7 @@ class Connection(abc.ABC):
                 raise ConnectionClosed(f"{self.peer} closed the connection")
             self.bytes_received += len(chunk)
             before = self._decoder.frames_decoded
-            self._frames.extend(self._decoder.feed(chunk))
+            self._frames.extend(self._decoder.feed(chunk, DECODE_BATCH_FRAMES))
             if self._decoder.frames_decoded != before:
                 self._frame_waited = 0.0  # a new frame started within this chunk
         self.frames_received += 1
