@@ -436,3 +436,26 @@ def test_small_frames_of_one_loop_turn_go_in_one_write_and_keep_their_order():
     assert got == small[:4] + [big] + small[4:]
     # the first four in one write, the large frame's own write(s), the last four in one
     assert n_writes <= 4
+
+
+def test_a_queued_small_frame_does_not_change_when_its_buffer_is_reused():
+    async def scenario():
+        got = []
+
+        async def handler(conn):
+            while True:
+                got.append(await conn.recv())
+
+        options = TcpOptions()
+        frame = Frame(3, Tokens(Role.MAIN_DECODE, 0, (7, 8)))
+        wire = bytearray(encode_frame(frame))
+        async with await serve("127.0.0.1", 0, handler, options) as listener:
+            async with await connect(*listener.address, options) as conn:
+                await conn._send([wire], 0)  # queued until the loop turns
+                wire[:] = bytes(len(wire))    # the owner reuses its buffer at once
+                while not got:
+                    await asyncio.sleep(0.01)
+        return got, frame
+
+    got, frame = run(scenario())
+    assert got == [frame]

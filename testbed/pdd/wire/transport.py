@@ -337,7 +337,9 @@ class TcpConnection(Connection):
             # the event loop and they go in one write at its end: with TCP_NODELAY every
             # write is a syscall and a segment of its own, and a decode step sends one
             # TOKENS frame per request in its batch (the router forwards each).
-            self._pending.extend(parts)
+            # bytes as they are; a bytearray or a view is copied, since its owner may
+            # reuse it once send returns, before this turn's write
+            self._pending.extend(p if isinstance(p, bytes) else bytes(p) for p in parts)
             if not self._flush_soon:
                 self._flush_soon = True
                 asyncio.get_running_loop().call_soon(self._flush)
