@@ -133,6 +133,8 @@ BAD_FRAMES = [
     ("tokens from router", _raw(MsgType.TOKENS, b"\x04" + bytes(8)),
      "ROUTER does not produce tokens"),
     ("tokens bad role", _raw(MsgType.TOKENS, b"\x09" + bytes(8)), "producer=9 is not a Role"),
+    ("tokens overflow", _raw(MsgType.TOKENS, b"\x02" + struct.pack("!I", 2**32 - 1) + bytes(8)),
+     "overflow u32"),
     ("handoff final flag", _raw(MsgType.HANDOFF, bytes(8) + b"\x02"),
      "final flag must be 0 or 1, got 2"),
     ("kv chunk short", _raw(MsgType.KV_CHUNK, bytes(5)), "5 bytes, need at least 12"),
@@ -187,6 +189,38 @@ def test_decoder_rejects_bad_frame_with_precise_reason(data, reason):
         dec.feed(encode_frame(Frame(1, Cancel())))
     with pytest.raises(ProtocolError):
         dec.eof()
+
+
+@pytest.mark.parametrize("data, reason", [b[1:] for b in BAD_FRAMES],
+                         ids=[b[0] for b in BAD_FRAMES])
+@pytest.mark.parametrize("whole", [True, False], ids=["whole", "in-pieces"])
+def test_a_bad_frame_after_a_good_one_fails_alike_whole_or_in_pieces(data, reason, whole):
+    # a frame wholly in one read after the first takes the decoder's fast path; one whose
+    # header and payload arrive apart takes the general one: the same frames, then the
+    # same error
+    good = encode_frame(Frame(5, Tokens(Role.MAIN_DECODE, 3, (7,))))
+    pieces = [good + data] if whole else [good, data[:HEADER_SIZE], data[HEADER_SIZE:]]
+    dec, got = FrameDecoder(), []
+    with pytest.raises(ProtocolError) as exc:
+        for piece in pieces:
+            got += dec.feed(piece)
+        dec.feed(b"")
+        dec.eof()
+    assert got == [Frame(5, Tokens(Role.MAIN_DECODE, 3, (7,)))]
+    assert f"frame #2 at stream offset {len(good)}" in str(exc.value)
+    assert reason in str(exc.value)
+
+
+def test_decoded_tokens_encode_to_the_same_bytes_and_move_by_at():
+    sent = Frame(3, Tokens(Role.RELAY_DECODE, 10, (5, 2**32 - 1, 0)))
+    (got,) = FrameDecoder().feed(encode_frame(Frame(1, Cancel())) + encode_frame(sent))[1:]
+    assert got == sent and encode_frame(got) == encode_frame(sent)
+    moved = got.message.at(14)
+    assert moved == Tokens(Role.RELAY_DECODE, 14, (5, 2**32 - 1, 0))
+    assert moved.encode() == Tokens(Role.RELAY_DECODE, 14, (5, 2**32 - 1, 0)).encode()
+    assert got.message.at(10) is got.message
+    with pytest.raises(ProtocolError, match="overflow u32"):
+        got.message.at(2**32 - 2)
 
 
 def test_oversized_length_is_rejected_from_the_header_alone():

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from testbed.pdd.compute.radix import RadixCache
+from testbed.pdd.compute.radix import RadixCache, common_prefix_len, common_prefix_of_keys, token_key
 
 BS = 4
 
@@ -167,3 +167,14 @@ def test_same_operations_give_same_tree(ops, cap):
         assert md.lacks(tokens) == mirror.lacks(tokens)
         assert md.cached_tokens == mirror.cached_tokens
     assert md.stats == mirror.stats
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 3), max_size=700), st.lists(st.integers(0, 3), max_size=700),
+       st.integers(0, 700))
+def test_common_prefix_of_keys_is_common_prefix_len(a, tail, k):
+    b = a[:k] + tail  # often a long shared run, then anything (or nothing)
+    want = common_prefix_len(a, b)
+    assert want == next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    assert common_prefix_of_keys(token_key(a), token_key(b)) == want
+    assert common_prefix_of_keys(token_key(b), token_key(a)) == want

@@ -43,6 +43,7 @@ is sent while no transfer is pending and nothing arrived.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from dataclasses import dataclass, field
 
@@ -57,7 +58,7 @@ from testbed.pdd.roles.prefill import block_segments, cache_from_blocks
 from testbed.pdd.wire.protocol import (Cancel, Done, Error, ErrorCode, FinishReason, Frame, Handoff,
                                   HandoffAck, Health, HealthAck, KvChunk, KvDone, KvNeed, KvReady,
                                   ProtocolError, Report, Request, Role, Tokens)
-from testbed.pdd.compute.radix import RadixCache, common_prefix_len
+from testbed.pdd.compute.radix import RadixCache, common_prefix_of_keys, token_key
 from testbed.pdd.wire.transport import ConnectionClosed, Transport
 
 
@@ -83,6 +84,11 @@ class MainState:
     @property
     def pipeline(self) -> Pipeline:
         return Pipeline(self.request.metadata["pipeline"])
+
+    @functools.cached_property
+    def prompt_key(self) -> bytes:
+        """The prompt as ``token_key`` bytes, for comparing it with other prompts."""
+        return token_key(self.request.prompt_token_ids)
 
 
 class MainDecodeNode(RoleServer):
@@ -186,12 +192,12 @@ class MainDecodeNode(RoleServer):
     def _inflight_prefix(self, st: MainState, drc_hit: int) -> tuple[MainState | None, int]:
         """The request whose KV, not yet at MD, shares the longest block-aligned
         prefix with ``st``'s prompt beyond what the DRC holds (None if none does)."""
-        prompt, bs = st.request.prompt_token_ids, self.cfg.prefill.block_size
+        bs = self.cfg.prefill.block_size
         best, best_len = None, drc_hit
         for other in self.states.values():
             if other is st or other.kv_done:
                 continue
-            n = common_prefix_len(prompt, other.request.prompt_token_ids) // bs * bs
+            n = common_prefix_of_keys(st.prompt_key, other.prompt_key) // bs * bs
             if n > best_len:
                 best, best_len = other, n
         return best, best_len

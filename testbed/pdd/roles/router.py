@@ -388,7 +388,7 @@ class RouterNode(RoleServer):
                 r.md_emitted = True
                 self._md_has_kv(r)
             if r.offset:
-                msg = Tokens(msg.producer, msg.start_position + r.offset, msg.token_ids)
+                msg = msg.at(msg.start_position + r.offset)
             r.delivered[msg.start_position:] = msg.token_ids
             await r.client.send(r.client_rid, msg)
         elif isinstance(msg, Done):

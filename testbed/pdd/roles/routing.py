@@ -61,7 +61,7 @@ from typing import Sequence
 
 from testbed.pdd.run.config import Mode, Pipeline, RouterConfig, TimingConfig
 from testbed.pdd.compute.costmodel import CostModel
-from testbed.pdd.compute.radix import RadixCache, common_prefix_len
+from testbed.pdd.compute.radix import RadixCache, common_prefix_of_keys, token_key
 
 
 @dataclass(frozen=True)
@@ -183,17 +183,20 @@ class InflightPrefixes:
 
     def __init__(self, block_size: int):
         self.block_size = block_size
-        self._by_md: dict[str, dict[int, tuple[tuple[int, ...], float]]] = {}
+        self._by_md: dict[str, dict[int, tuple[bytes, float]]] = {}
 
     def add(self, md: str, rid: int, prompt: Sequence[int], arrival_s: float) -> None:
-        self._by_md.setdefault(md, {})[rid] = (tuple(prompt), arrival_s)
+        self._by_md.setdefault(md, {})[rid] = (token_key(prompt), arrival_s)
 
     def longest(self, md: str | None, prompt: Sequence[int]) -> tuple[int, float]:
         """(longest block-aligned prefix of ``prompt`` on its way to ``md``, that
         transfer's predicted arrival); (0, 0.0) if none."""
-        bs, best = self.block_size, (0, 0.0)
-        for other, arrival in self._by_md.get(md, {}).values():
-            n = common_prefix_len(prompt, other) // bs * bs
+        inflight = self._by_md.get(md)
+        if not inflight:
+            return (0, 0.0)
+        bs, best, key = self.block_size, (0, 0.0), token_key(prompt)
+        for other, arrival in inflight.values():
+            n = common_prefix_of_keys(key, other) // bs * bs
             if n > best[0]:
                 best = (n, arrival)
         return best

@@ -237,23 +237,58 @@ class Tokens(Message):
         object.__setattr__(self, "token_ids", tuple(self.token_ids))
         if not self.token_ids:
             raise wire.fail(self.MSG_TYPE, "token_ids is empty")
-        _check_positions(self.MSG_TYPE, self.start_position, self.token_ids)
+        # the ids' wire bytes, kept for encode (the check packs them anyway)
+        object.__setattr__(self, "_ids", _check_positions(self.MSG_TYPE, self.start_position,
+                                                          self.token_ids))
 
     def encode(self) -> bytes:
-        head = self.LAYOUT.pack(self.producer, self.start_position)
-        return head + wire.pack_u32s(self.MSG_TYPE, self.token_ids)
+        return self.LAYOUT.pack(self.producer, self.start_position) + self._ids
+
+    def at(self, start_position: int) -> Tokens:
+        """The same tokens at another position (the router's offset after a re-serve),
+        without packing the ids again: ``Tokens(p, 0, ids).at(4) == Tokens(p, 4, ids)``."""
+        if start_position == self.start_position:
+            return self
+        _check_range(self.MSG_TYPE, start_position, len(self.token_ids))
+        return Tokens._trusted(self.producer, start_position, self.token_ids, self._ids)
 
     @classmethod
     def decode(cls, payload: bytes) -> Tokens:
         (producer, start), rest = wire.split(cls.MSG_TYPE, cls.LAYOUT, payload)
-        return cls(producer, start, wire.unpack_u32s(cls.MSG_TYPE, rest))
+        role = _PRODUCER_BY_VALUE.get(producer)
+        if role is None:  # not a role, or a role that produces no tokens: say which
+            wire.as_enum(cls.MSG_TYPE, "producer", Role, producer)
+            raise wire.fail(cls.MSG_TYPE, f"{Role(producer).name} does not produce tokens")
+        ids = wire.unpack_u32s(cls.MSG_TYPE, rest)
+        if not ids:
+            raise wire.fail(cls.MSG_TYPE, "token_ids is empty")
+        _check_range(cls.MSG_TYPE, start, len(ids))
+        return cls._trusted(role, start, ids, bytes(rest))
+
+    @classmethod
+    def _trusted(cls, producer: Role, start: int, ids: tuple[int, ...], packed: bytes) -> Tokens:
+        """A Tokens of fields already checked (``decode``, ``at``): no second packing."""
+        msg = object.__new__(cls)
+        object.__setattr__(msg, "producer", producer)
+        object.__setattr__(msg, "start_position", start)
+        object.__setattr__(msg, "token_ids", ids)
+        object.__setattr__(msg, "_ids", packed)
+        return msg
 
 
-def _check_positions(msg_type: MsgType, start: int, ids: tuple[int, ...]) -> None:
+_PRODUCER_BY_VALUE = {int(r): r for r in TOKEN_PRODUCERS}
+
+
+def _check_range(msg_type: MsgType, start: int, n: int) -> None:
     wire.check_uint(msg_type, "start_position", start, 32)
-    if start + len(ids) > 0xFFFFFFFF:
-        raise wire.fail(msg_type, f"positions [{start}, {start + len(ids)}) overflow u32")
-    wire.pack_u32s(msg_type, ids)
+    if start + n > 0xFFFFFFFF:
+        raise wire.fail(msg_type, f"positions [{start}, {start + n}) overflow u32")
+
+
+def _check_positions(msg_type: MsgType, start: int, ids: tuple[int, ...]) -> bytes:
+    """Check the positions and ids; return the ids' wire bytes."""
+    _check_range(msg_type, start, len(ids))
+    return wire.pack_u32s(msg_type, ids)
 
 
 @dataclass(frozen=True)
@@ -455,7 +490,7 @@ def decode_payload(msg_type: MsgType, payload: bytes | bytearray | memoryview,
     >>> decode_payload(MsgType.KV_READY, b"\\x00\\x00\\x00\\x07")
     KvReady(num_tokens=7)
     """
-    cls = MESSAGE_CLASSES[MsgType(msg_type)]
+    cls = MESSAGE_CLASSES.get(msg_type) or MESSAGE_CLASSES[MsgType(msg_type)]
     if cls.BULK:
         return cls.decode(payload, filler)
     if filler:

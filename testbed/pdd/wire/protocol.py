@@ -95,6 +95,7 @@ HEADER_SIZE = _PREFIX.size + _HEADER_CRC.size  # 29
 _MAX_U64 = (1 << 64) - 1
 _ZEROS = bytes(1 << 20)  # the one zero buffer every filler is sent from and checked against
 _ZERO_VIEW = memoryview(_ZEROS)
+_MSG_TYPES: dict[int, MsgType] = {int(t): t for t in MsgType}
 _MERGE_BYTES = 64 * 1024  # a first payload part up to this size is sent in one piece with the header
 
 Buffer = Union[bytes, bytearray, memoryview]
@@ -169,7 +170,7 @@ class FrameLimits:
     def payload_limit(self, msg_type: MsgType) -> int:
         """The largest payload a ``msg_type`` frame may announce."""
         cls = MESSAGE_CLASSES[msg_type]
-        if (size := fixed_payload_size(cls)) is not None:
+        if (size := _FIXED_SIZES[msg_type]) is not None:
             return size
         return self.max_bulk_payload_bytes if cls.BULK else self.max_control_payload_bytes
 
@@ -182,13 +183,17 @@ class FrameLimits:
         if HEADER_SIZE + length + filler > self.max_frame_bytes:
             raise ProtocolError(f"{msg_type.name} frame of {HEADER_SIZE + length + filler} bytes "
                                 f"exceeds max_frame_bytes={self.max_frame_bytes}")
-        if (size := fixed_payload_size(MESSAGE_CLASSES[msg_type])) is not None:
+        if (size := _FIXED_SIZES[msg_type]) is not None:
             if length != size:
                 raise ProtocolError(f"{msg_type.name} frame announces a {length}-byte payload; "
                                     f"its layout is exactly {size} bytes")
         elif length > (limit := self.payload_limit(msg_type)):
             raise ProtocolError(f"{msg_type.name} frame announces a {length}-byte payload; "
                                 f"at most {limit} accepted for this type")
+
+
+_FIXED_SIZES: dict[MsgType, int | None] = {t: fixed_payload_size(c)
+                                           for t, c in MESSAGE_CLASSES.items()}
 
 
 def filler_views(n: int) -> list[memoryview]:
@@ -271,9 +276,9 @@ def parse_header(head: bytes | bytearray, max_frame_bytes: int = MAX_FRAME_BYTES
     if header_crc != actual_crc:
         raise ProtocolError(f"header checksum mismatch: header says {header_crc:#010x}, "
                             f"computed {actual_crc:#010x}")
-    if type_byte not in MsgType._value2member_map_:
+    msg_type = _MSG_TYPES.get(type_byte)
+    if msg_type is None:
         raise ProtocolError(f"unknown message type {type_byte}")
-    msg_type = MsgType(type_byte)
     if flags != 0:
         raise ProtocolError(f"{msg_type.name} frame has reserved flags {flags:#04x} set")
     (limits or FrameLimits(max_frame_bytes)).check(msg_type, length, filler, first)
@@ -298,6 +303,19 @@ def decode_frame_body(header: FrameHeader, payload: Buffer) -> Frame:
     """
     _check_payload_crc(header, payload)
     return Frame(header.request_id, decode_payload(header.msg_type, payload, header.filler_len))
+
+
+def _NO_FAST(length: int) -> bool:
+    return False
+
+
+def _decoded_frame(request_id: int, message: Message) -> Frame:
+    """A Frame of a decoded header's request id (a u64 by its layout) and a decoded
+    message: what ``Frame.__post_init__`` checks holds already."""
+    frame = object.__new__(Frame)
+    object.__setattr__(frame, "request_id", request_id)
+    object.__setattr__(frame, "message", message)
+    return frame
 
 
 def _zero_prefix_len(data: Buffer, pos: int, n: int) -> int:
@@ -355,6 +373,16 @@ class FrameDecoder:
         self._got = 0  # payload bytes received
         self._filler_got = 0  # filler bytes received (checked, not kept)
         self._rest = b""  # bytes fed after the frame a max_frames feed stopped at
+        # _whole_frame's length check by type byte (non-bulk types only): what
+        # FrameLimits.check accepts after the stream's first frame
+        self._fast_limits = {int(t): self._length_ok(t) for t in MsgType
+                             if not MESSAGE_CLASSES[t].BULK}
+
+    def _length_ok(self, msg_type: MsgType):
+        limit = min(self.limits.payload_limit(msg_type), self.max_frame_bytes - HEADER_SIZE)
+        if _FIXED_SIZES[msg_type] is not None:
+            return limit.__eq__ if limit == _FIXED_SIZES[msg_type] else _NO_FAST
+        return limit.__ge__
 
     @property
     def buffered(self) -> int:
@@ -413,6 +441,10 @@ class FrameDecoder:
         used up without completing a frame (its bytes are kept for later).
         """
         end = len(data)
+        if self._header is None and not self._head and end - pos >= HEADER_SIZE:
+            whole = self._whole_frame(data, view, pos)
+            if whole is not None:
+                return whole
         if self._header is None:
             take = min(HEADER_SIZE - len(self._head), end - pos)
             self._head += view[pos: pos + take]
@@ -446,13 +478,37 @@ class FrameDecoder:
             pos += take
         if self._filler_got < header.filler_len:
             return None
-        frame = Frame(header.request_id,
-                      decode_payload(header.msg_type, payload, header.filler_len))
+        frame = _decoded_frame(header.request_id,
+                               decode_payload(header.msg_type, payload, header.filler_len))
         self.frames_decoded += 1
         self.filler_bytes += header.filler_len
         self._offset += HEADER_SIZE + header.payload_len + header.filler_len
         self._reset()
         return frame, pos
+
+    def _whole_frame(self, data: bytes | bytearray, view: memoryview,
+                     pos: int) -> tuple[Frame, int] | None:
+        """The common case, a valid non-bulk frame wholly in ``data[pos:]`` (not the
+        stream's first): its header checked inline and its payload decoded with one copy.
+        None (nothing consumed) for anything else (incomplete, first, bulk, or any check
+        failing): the general path then takes it, and raises what is wrong."""
+        prefix = data[pos: pos + _PREFIX.size]
+        magic, version, type_byte, flags, rid, length, filler, payload_crc = \
+            _PREFIX.unpack(prefix)
+        start = pos + HEADER_SIZE
+        stop = start + length
+        if (filler or flags or not self.frames_decoded or stop > len(data)
+                or magic != MAGIC or version != VERSION
+                or not self._fast_limits.get(type_byte, _NO_FAST)(length)
+                or _HEADER_CRC.unpack_from(data, pos + _PREFIX.size)[0] != zlib.crc32(prefix)):
+            return None
+        payload = data[start:stop] if isinstance(data, bytes) else bytes(view[start:stop])
+        if zlib.crc32(payload) != payload_crc:
+            return None
+        frame = _decoded_frame(rid, MESSAGE_CLASSES[type_byte].decode(payload))
+        self.frames_decoded += 1
+        self._offset += HEADER_SIZE + length
+        return frame, stop
 
     def _reset(self) -> None:
         self._head.clear()
