@@ -55,6 +55,16 @@ def test_producers_follow_the_pipeline(mode, handoff_mode, engine):
         # tested without a clock in test_pdd_routing.py and test_wan_model.py.
         assert pipelines[0] == "p-rld-md" and pipelines[3] == "rld-only", pipelines
         assert set(pipelines) <= {"p-md", "p-rld-md", "rld-only"}, pipelines
+    elif mode == "p-rld":
+        # Requests 0-3 from the config alone. Request 4 (20 tokens, nothing on the WAN)
+        # is predicted ~0.17-0.18 s against the 0.19 s threshold: live RTT probes on a
+        # loaded machine move it across, so it is judged by the rule on what the router
+        # recorded (its gain), not by a fixed answer.
+        assert pipelines[:4] == EXPECTED[mode][:4]
+        d = records[4]["reports"]["router"]
+        gain = d["predicted_wan_s"] + d["wan_margin_s"] - d["predicted_local_s"]
+        short = gain < small_config().router.relay_threshold_s
+        assert pipelines[4] == ("p-md" if short else "rld-only"), d
     else:
         assert pipelines == EXPECTED[mode]
     for r in records:
@@ -172,8 +182,12 @@ def test_a_turn_routed_while_md_still_receives_the_prefix_waits_for_it():
 
     rng = random.Random(9)
     base = tuple(rng.randrange(512) for _ in range(128))
+    # The second turn's 200 tokens take RLD ~1.8 s, far beyond the first turn's ~0.2 s
+    # transfer even on a loaded machine: MD asks for the rest before the request ends
+    # (with 60, a CI machine once saw RLD finish first, and MD never asked).
     reqs = [ClientRequest(0, 0.0, base, 60, "s1"),  # low hit: relay, WAN transfer ~0.2 s
-            ClientRequest(1, 0.01, base + tuple(rng.randrange(512) for _ in range(8)), 60, "s1")]
+            ClientRequest(1, 0.01, base + tuple(rng.randrange(512) for _ in range(8)), 200,
+                          "s1")]
     first, second = sorted(run(run_on_fake_wan(small_config(), reqs))[0], key=lambda r: r["id"])
     assert first["pipeline"] == "p-rld-md"
     decision = second["reports"]["router"]

@@ -10,7 +10,7 @@ import pytest
 from testbed.vm.guest import command_script
 from testbed.vm.initramfs import Cpio, init_scripts
 from testbed.vm.kernel import GuestKernel
-from testbed.vm.netem_check import judge
+from testbed.vm.netem_check import judge, starting_rate_gbit
 
 
 def parse_newc(data: bytes) -> list[tuple[str, int, bytes]]:
@@ -88,3 +88,22 @@ def _doc(rtt=41.5, rate=90.0, loss=1.2, after="delay 10ms loss 1% rate 50Mbit"):
 def test_judge_applies_guest_tolerances(doc, failing):
     rows = judge(json.loads(json.dumps(doc)))
     assert [r.name for r in rows if not r.passed] == failing
+
+
+def test_a_capped_runtime_change_is_looked_for_in_tc():
+    doc = _doc(after="delay 10ms rate 14Mbit")
+    doc["runtime_change"] = {"delay_ms": 10.0, "rate_gbit": 1.4}
+    assert all(r.passed for r in judge(doc))
+    doc["qdisc_after"] = "delay 10ms rate 50Mbit"  # the topology's half, not the capped one
+    assert [r.name for r in judge(doc) if not r.passed] == ["tc shows new delay, rate"]
+
+
+@pytest.mark.parametrize("capacity, expected", [
+    (400.0, 10.0),   # 100 Mbit/s emulated is at most 0.4 x 400: the topology's rate
+    (250.0, 10.0),   # exactly 0.4 x 250 = 100
+    (200.0, 8.0),    # 0.4 x 200 = 80 Mbit/s emulated -> 8 Gbit/s nominal at k = 100
+    (71.0, 2.8),     # 28.4 -> 28 (even, so its half is whole)
+    (3.0, 0.2),      # a starved guest still gets 2 Mbit/s, not 0
+])
+def test_the_check_starts_below_what_the_guest_carries(capacity, expected):
+    assert starting_rate_gbit(10.0, 100.0, capacity) == pytest.approx(expected)
