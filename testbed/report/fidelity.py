@@ -280,6 +280,9 @@ def role_figures(rows: Sequence[dict], window) -> dict | None:
         pauses = merge(gcs)
         out.update(gc_pauses=pauses["n"], gc_pause_p99_ms=quantile_ms(pauses, 0.99),
                    gc_pause_s=round(pauses["sum_ms"] / 1000.0, 4))
+    last = max(rows, key=lambda r: r["t_mono"])
+    if "sched" in last:  # not judged: the scheduler hints the process got (pdd.run.sched)
+        out["sched"] = last["sched"]
     if has_pacer:
         out.update(steps=steps, overrun_step_share=round(overruns / steps, 4) if steps else None,
                    overrun_s=round(overrun_s, 3),

@@ -30,6 +30,7 @@ from testbed.pdd.roles.client import Client, load_requests, warmup_problems, wri
 from testbed.pdd.run.cluster import ROLE_CLASSES
 from testbed.pdd.run.config import ClusterConfig, frame_limit, load_config
 from testbed.pdd.run.probe import RoleProbe, pacer_of
+from testbed.pdd.run.sched import prefer_latency
 from testbed.pdd.compute.engine import pin_threads
 from testbed.pdd.wire.transport import TcpOptions, TcpTransport
 from testbed.pdd.wire.fields import Role
@@ -45,16 +46,19 @@ def tcp_options(cfg: ClusterConfig) -> TcpOptions:
                       max_connections=lim.max_connections)
 
 
-def _probe(stats: str | None, cfg: ClusterConfig, name: str, node: object = None):
+def _probe(stats: str | None, cfg: ClusterConfig, name: str, node: object = None,
+           sched: dict | None = None):
     """The role's fidelity probe writing to ``stats`` (started), or None without one."""
     if not stats:
         return None
-    probe = RoleProbe(stats, name, cfg.instance(name).role.name.lower(), pacer_of(node))
+    probe = RoleProbe(stats, name, cfg.instance(name).role.name.lower(), pacer_of(node),
+                      sched=sched)
     probe.start()
     return probe
 
 
-async def serve_role(cfg: ClusterConfig, name: str, stats: str | None = None) -> None:
+async def serve_role(cfg: ClusterConfig, name: str, stats: str | None = None,
+                     sched: dict | None = None) -> None:
     """Run a server role until SIGTERM/SIGINT (``stats``: its RoleProbe's file)."""
     node = ROLE_CLASSES[cfg.instance(name).role](cfg, name, TcpTransport(tcp_options(cfg)))
     stop = asyncio.Event()
@@ -64,7 +68,7 @@ async def serve_role(cfg: ClusterConfig, name: str, stats: str | None = None) ->
     probe = None
     try:
         await node.start()
-        probe = _probe(stats, cfg, name, node)
+        probe = _probe(stats, cfg, name, node, sched)
         print("ready", flush=True)
         await stop.wait()
     finally:
@@ -74,7 +78,7 @@ async def serve_role(cfg: ClusterConfig, name: str, stats: str | None = None) ->
 
 
 async def run_client(cfg: ClusterConfig, name: str, workload: str, out: str,
-                     stats: str | None = None) -> None:
+                     stats: str | None = None, sched: dict | None = None) -> None:
     """Warm-up requests first (records in warmup.jsonl beside ``out``; any failure ends the
     client with exit 1 before "ready"), then "ready" and the measured replay."""
     requests = load_requests(workload)
@@ -91,7 +95,7 @@ async def run_client(cfg: ClusterConfig, name: str, workload: str, out: str,
         progress.write(f"{request_id}\n")
         progress.flush()
 
-    probe = _probe(stats, cfg, name)
+    probe = _probe(stats, cfg, name, sched=sched)
     print("ready", flush=True)
     try:
         records = await Client(cfg, TcpTransport(tcp_options(cfg)), name, on_end).run(requests)
@@ -122,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     pin_threads(cfg.model, 1)
+    sched = prefer_latency(role)  # before any thread starts: they inherit the slice
     # What exists now (modules, config, torch) lives as long as the process: keep it out
     # of the collector's traversals, so that a full collection scans only the requests'
     # own objects (a full collection of the imported modules alone took ~14 ms here)
@@ -131,12 +136,13 @@ def main(argv: list[str] | None = None) -> int:
             print("error: a client instance needs --workload and --out", file=sys.stderr)
             return 2
         try:
-            asyncio.run(run_client(cfg, args.name, args.workload, args.out, args.stats))
+            asyncio.run(run_client(cfg, args.name, args.workload, args.out, args.stats,
+                                   sched))
         except SpecError as err:  # a bad workload file
             print(f"error: {err}", file=sys.stderr)
             return 2
     else:
-        asyncio.run(serve_role(cfg, args.name, args.stats))
+        asyncio.run(serve_role(cfg, args.name, args.stats, sched))
     return 0
 
 

@@ -9,7 +9,8 @@ the stats file every ``WRITE_EVERY_S`` and once more at stop::
     {"t_mono", "pid", "name", "role",
      "pacer": {"n_steps", "n_overruns", "overrun_s", "modeled_s"},   # null for router, client
      "loop_lag": {histogram: testbed.histogram},
-     "gc_pause": {histogram}}       # the cyclic garbage collector's pauses, any generation
+     "gc_pause": {histogram},       # the cyclic garbage collector's pauses, any generation
+     "sched": {"slice_ns", "nice", "refused"}}   # testbed.pdd.run.sched's hints (or null)
 
 A collection stops the whole process, loop included, for as long as it takes
 to traverse the live containers, so a role holding many requests' token lists
@@ -46,8 +47,9 @@ class RoleProbe:
     """Loop lag and pacer counters of one role process, appended to a JSONL file."""
 
     def __init__(self, path: str | Path, name: str, role: str, pacer: AsyncPacer | None = None,
-                 clock=time.monotonic):
+                 clock=time.monotonic, sched: dict | None = None):
         self.path, self.name, self.role, self.pacer = Path(path), name, role, pacer
+        self.sched = sched
         self.lag = LatencyHistogram()
         self.gc_pause = LatencyHistogram()
         self._clock = clock
@@ -68,7 +70,7 @@ class RoleProbe:
             "overrun_s": round(st.overrun_s, 6), "modeled_s": round(st.modeled_s, 6)}
         return {"t_mono": round(self._clock(), 4), "pid": os.getpid(), "name": self.name,
                 "role": self.role, "pacer": pacer, "loop_lag": self.lag.to_dict(),
-                "gc_pause": self.gc_pause.to_dict()}
+                "gc_pause": self.gc_pause.to_dict(), "sched": self.sched}
 
     def write(self) -> None:
         with self.path.open("a") as fh:
