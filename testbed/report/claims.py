@@ -186,7 +186,9 @@ def claim_baseline_tail(runs, bench) -> Claim:
            "kv_transfer_min_s": min(kv) if kv else None,
            "kv_transfer_max_s": max(kv) if kv else None,
            "kv_transfer_p90_s": percentile(kv, 90)}
-    note = {"fleet": "the fleet: 4 P share one WAN line",
+    prefills = {((r.get("reports") or {}).get("router") or {}).get("instances", {}).get("PREFILL")
+                for r in mode.requests} - {None}
+    note = {"fleet": f"the fleet: {len(prefills)} P share one WAN line",
             "baseline-64k": "one P on the line"}.get(
         slot, "headline run (no fleet or baseline-64k run): mixed contexts")
     verdicts = [magnitude_verdict(p, q) for p, q in zip(PUB_TAIL_S, qs)]

@@ -143,11 +143,14 @@ def test_baseline_tail_prefers_the_fleet_to_the_one_p_run(tmp_path):
     headline(tmp_path, base_ttft=1.0)
     write_run(tmp_path, "baseline-64k", {"cross-dc-pd": (
         "cross-dc-pd", {}, [rec(i, 0.5, prompt=2048) for i in range(10)], 10.0)})
-    write_run(tmp_path, "fleet", {"cross-dc-pd": (
-        "cross-dc-pd", {}, [rec(i, 10.0, prompt=2048) for i in range(10)], 10.0)})
+    fleet = [rec(i, 10.0, prompt=2048) for i in range(10)]
+    for i, r in enumerate(fleet):  # placed on three P instances
+        r["reports"] = {**r.get("reports", {}),
+                        "router": {"instances": {"PREFILL": f"p{i % 3 + 1}"}}}
+    write_run(tmp_path, "fleet", {"cross-dc-pd": ("cross-dc-pd", {}, fleet, 10.0)})
     c = claim_baseline_tail(runs_of(tmp_path), None)
     assert c.figures["ttft_p50_s"] == pytest.approx(10.0) and c.verdict == REPRODUCED
-    assert "fleet" in c.conditions["note"]
+    assert c.conditions["note"] == "the fleet: 3 P share one WAN line"
 
 
 def test_the_load_claims_prefer_the_fleet_sweep(tmp_path):

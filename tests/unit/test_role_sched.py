@@ -40,7 +40,8 @@ def _child(role: str) -> dict:
 
 
 @pytest.mark.parametrize("role, hub", [("ROUTER", True), ("CLIENT", True),
-                                       ("MAIN_DECODE", False), ("PREFILL", False)])
+                                       ("RELAY_DECODE", True), ("MAIN_DECODE", False),
+                                       ("PREFILL", False)])
 def test_the_kernel_holds_what_prefer_latency_reports(role, hub):
     from testbed.pdd.run.sched import HUB_NICE, SLICE_NS
 

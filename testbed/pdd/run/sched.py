@@ -14,22 +14,26 @@ reported, never fatal):
   short slice gets an early virtual deadline when it wakes, so it preempts
   a busier task instead of waiting for that task's slice (default 1.4 ms on
   a 2-core machine) to end. Its share of the CPU is unchanged.
-- the router and the client run at ``HUB_NICE`` (-10, ~9x the CPU weight of
-  nice 0; needs root): every token of every request crosses both, so they
-  stand for machines of their own and, being the busiest hubs, wait the
+- the hubs run at ``HUB_NICE`` (-10, ~9x the CPU weight of nice 0; needs
+  root): the router and the client, which every token of every request
+  crosses, and the relay decoder, which every relayed request's KV and
+  eager tokens cross (one RLD serves six P in scenarios/paper/fleet.yaml).
+  They stand for machines of their own and, being the busiest, wait the
   longest when they share. The client is also the instrument: its lag is
   added to every TTFT and TPOT it measures.
 
 Measured on the 2-core reference machine (2026-12-05, pdd mode of
-scenarios/paper/fleet.yaml alone, 120 requests, both cores ~51% busy; event
+scenarios/paper/fleet.yaml, 120 requests, both cores 50-62% busy; event
 loop lag p99 of router / rld1 / client): without hints 6.3-6.9 / 6.3-8.9 /
-5.3 ms over three runs; short slices alone 5.8-6.9 / 4.5-4.9 / 3.2-4.5 ms;
-short slices and the hubs at nice -10 4.1 / 4.9 / 2.9 ms. The delay lines
-stay above all of these (SCHED_FIFO, testbed/net/delayline.py).
+5.3 ms over three runs; short slices alone 5.8-6.9 / 4.5-4.9 / 3.2-4.5 ms
+(two runs); short slices with router and client at nice -10 4.1-6.3 /
+4.9-9.7 / 2.9-3.8 ms (two runs); with RLD at nice -10 too 4.1 / 4.9 / 2.7
+ms. The delay lines stay above all of these (SCHED_FIFO,
+testbed/net/delayline.py).
 
 Example::
 
-    applied = prefer_latency(Role.ROUTER)   # {"slice_ns": 100000, "nice": -10}
+    applied = prefer_latency(Role.ROUTER)   # {"slice_ns": 100000, "nice": -10, "refused": []}
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ from testbed.pdd.wire.fields import Role
 
 SLICE_NS = 100_000  # the kernel's lower bound for a custom slice
 HUB_NICE = -10
-HUBS = frozenset({Role.ROUTER, Role.CLIENT})
+HUBS = frozenset({Role.ROUTER, Role.CLIENT, Role.RELAY_DECODE})
 _SCHED_SETATTR = {"x86_64": 314, "aarch64": 274}
 _SCHED_OTHER = 0
 # struct sched_attr, SCHED_ATTR_SIZE_VER1: size, policy, flags, nice, priority, runtime,
