@@ -1,4 +1,9 @@
-"""Command line: argument parsing and exit codes only.
+"""PDD network emulation testbed: two datacenters in network namespaces, a shaped WAN, PDD's roles.
+
+This module is the command line: argument parsing, exit codes, the run
+directory's lock (``out_dir_lock``) and ``serve``'s merging of a scenario
+into a deployment; each subcommand imports what it runs inside itself, so
+``testbed validate`` needs neither pyroute2 nor torch.
 
 Exit codes: 0 success; 1 a check or expectation failed (calibrate out of
 tolerance, a fuzzed reader raised something other than SpecError); 2 bad

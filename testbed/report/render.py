@@ -4,7 +4,7 @@ Owns ``render`` and the number formatting of the report. Sections: result,
 what ran (scenario, topology, backend, k, seed, faults configured and the
 fault/link events of each mode), metrics per mode (nominal figures, the
 emulated ones alongside where they differ), comparisons, expectations,
-versus the paper (pdd-brief.md's published figures), plots. Pure: takes
+versus the paper (its published figures, listed in docs/reproduce.md), plots. Pure: takes
 the loaded run, the summary dict and the plots; returns the Markdown text.
 Nothing time-dependent is written, so re-running gives identical bytes.
 
@@ -236,7 +236,7 @@ def _versus_paper(run: RunData, summary: dict) -> list[str]:
     base = " / ".join("n/a" if b[f"ttft_p{q}_s"] is None else f"{b[f'ttft_p{q}_s']:.3g}"
                       for q in (50, 90, 99))
     wan = changes.get("wan_bytes", {}).get("ratio")
-    out += ["| figure | this run | paper (pdd-brief.md) |", "|---|---:|---:|",
+    out += ["| figure | this run | paper (published) |", "|---|---:|---:|",
             f"| TTFT change, pdd vs cross-DC PD (P50 / P90 / P99) | {ttft} | -51.5% |",
             f"| cross-DC PD baseline TTFT P50 / P90 / P99 | {base} s | 4.2 / 18.3 / 29.7 s |",
             f"| goodput within SLA, pdd vs cross-DC PD | {change('goodput_rps')} | +27.8% |",

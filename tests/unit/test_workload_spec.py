@@ -199,4 +199,4 @@ def test_skewed_bins_reach_the_requested_mean(mean):
 
 def test_skewed_bins_at_90_match_the_brief():
     above_95 = sum(b.weight for b in skewed_bins(90) if b.lo_pct >= 95)
-    assert 0.70 <= above_95 <= 0.80  # pdd-brief: 70-80% of requests hit > 95%
+    assert 0.70 <= above_95 <= 0.80  # the paper: 70-80% of requests hit > 95%

@@ -22,14 +22,17 @@ reported, never fatal):
   longest when they share. The client is also the instrument: its lag is
   added to every TTFT and TPOT it measures.
 
-Measured on the 2-core reference machine (2026-12-05, pdd mode of
+Measured on the 2-core reference machine (2026-12-05, the pdd mode of
 scenarios/paper/fleet.yaml, 120 requests, both cores 50-62% busy; event
-loop lag p99 of router / rld1 / client): without hints 6.3-6.9 / 6.3-8.9 /
-5.3 ms over three runs; short slices alone 5.8-6.9 / 4.5-4.9 / 3.2-4.5 ms
-(two runs); short slices with router and client at nice -10 4.1-6.3 /
-4.9-9.7 / 2.9-3.8 ms (two runs); with RLD at nice -10 too 4.1 / 4.9 / 2.7
-ms. The delay lines stay above all of these (SCHED_FIFO,
-testbed/net/delayline.py).
+loop lag p99 of router / rld1 / client, one run each unless a range):
+without hints 6.3-6.9 / 6.3-8.9 / 5.3 ms (three runs); short slices alone
+5.8-6.9 / 4.5-4.9 / 3.2-4.5 ms (two); short slices with router and client
+at nice -10 4.1-6.3 / 4.9-9.7 / 2.9-3.8 ms (two); with RLD at nice -10 too
+4.1-5.3 / 4.9-6.9 / 2.7-4.1 ms (two). The spread from run to run is as
+large as the hints' effect: they help the hubs' typical run, they do not
+bring the fleet's pdd mode under the 5 ms tolerance every time on two
+cores (docs/paper-fleet.md). The delay lines stay above all of these
+(SCHED_FIFO, testbed/net/delayline.py).
 
 Example::
 
