@@ -8,8 +8,8 @@ kind is read from ``fault_kind``, a nested ``fault`` object, or ``params.kind``.
 
 Example::
 
-    fault_key({"kind": "fault_start", "fault": 0, "fault_kind": "wan_rate"})   # 0
-    describe(event, t0)   # "+4.0 s fault_start 0 wan_rate (rate_gbit=2)"
+    fault_key({"kind": "fault_start", "fault": 0, "fault_kind": "bandwidth"})   # 0
+    describe(event, t0)   # "+4.0 s fault_start 0 bandwidth (rate_gbit=2)"
 """
 
 from __future__ import annotations

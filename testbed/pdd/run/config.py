@@ -1,9 +1,10 @@
 """Cluster and role configuration of the PDD processes: one JSON file, strictly validated.
 
-Owns the enums of the PDD design (``Mode``, ``Pipeline``, ``HandoffMode``),
-one frozen dataclass per config section (fields carry help text), and the one
+Owns one frozen dataclass per config section (fields carry help text), and the one
 loader ``load_config`` / ``parse_config``. Every role process reads the same
-file and picks its own instance by name; unknown keys, wrong types and
+file and picks its own instance by name. The PDD design's enums (``Mode``,
+``Pipeline``, ``HandoffMode``) live in testbed/types.py and are re-exported
+here; unknown keys, wrong types and
 out-of-range values raise ``SpecError`` naming the file, the JSON path, what
 was expected and what was found. Validation is pure (no I/O beyond reading
 the file); the JSON is read strictly (testbed.strict: no NaN, no
