@@ -18,9 +18,9 @@ expected TCP goodput (htb rate x 1448/1514); loss +-0.5 points.
 
 What the guest can and cannot show (2 host cores, TCG, one vCPU): RTT,
 loss, the probe and the runtime change are reliably within tolerance. The
-rate the guest's one vCPU carries at all differs from machine to machine
-(96 Mbit/s and more on one 2-core machine; on another of the same kind
-30-80 Mbit/s, so a 96 Mbit/s WAN measured 51-79 and its 48 Mbit/s
+rate the guest's one vCPU carries at all depends on what else the host
+runs (412 Mbit/s unshaped on an idle 2-core machine; with both host cores
+busy with other work a 96 Mbit/s WAN measured 51-79 and its 48 Mbit/s
 runtime change 27-38): before calibrating, the guest measures what TCP
 carries on the WAN path with the shaper far above it (``capacity_mbit``,
 best of two 4 s runs) and, when the scale's emulated rate is above
