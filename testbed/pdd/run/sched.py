@@ -51,36 +51,38 @@ from testbed.pdd.wire.fields import Role
 SLICE_NS = 100_000  # the kernel's lower bound for a custom slice
 HUB_NICE = -10
 HUBS = frozenset({Role.ROUTER, Role.CLIENT, Role.RELAY_DECODE})
-_SCHED_SETATTR = {"x86_64": 314, "aarch64": 274}
+_SCHED_SETATTR = {"x86_64": 314, "aarch64": 274}  # sched_getattr is this + 1 on both
 _SCHED_OTHER = 0
 # struct sched_attr, SCHED_ATTR_SIZE_VER1: size, policy, flags, nice, priority, runtime,
 # deadline, period, util_min, util_max
 _ATTR = struct.Struct("IIQiIQQQII")
 
 
-def set_slice(slice_ns: int, nice: int) -> str | None:
-    """Ask for a ``slice_ns`` scheduler slice for this thread (and the threads and
-    processes it starts later); None, or why not."""
+def _sched_attr_call(offset: int, *args) -> str | None:
+    """sched_setattr (offset 0) or sched_getattr (offset 1) on this thread; None, or why
+    it failed."""
     nr = _SCHED_SETATTR.get(platform.machine())
     if nr is None:
         return f"no sched_setattr number for {platform.machine()}"
-    attr = ctypes.create_string_buffer(
-        _ATTR.pack(_ATTR.size, _SCHED_OTHER, 0, nice, 0, slice_ns, 0, 0, 0, 0), _ATTR.size)
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.syscall(nr, 0, attr, 0) != 0:
+    if ctypes.CDLL(None, use_errno=True).syscall(nr + offset, 0, *args) != 0:
         return os.strerror(ctypes.get_errno())
     return None
+
+
+def set_slice(slice_ns: int, nice: int) -> str | None:
+    """Ask for a ``slice_ns`` scheduler slice for this thread (and the threads and
+    processes it starts later); None, or why not."""
+    attr = ctypes.create_string_buffer(
+        _ATTR.pack(_ATTR.size, _SCHED_OTHER, 0, nice, 0, slice_ns, 0, 0, 0, 0), _ATTR.size)
+    return _sched_attr_call(0, attr, 0)
 
 
 def kernel_slice_ns() -> int | None:
     """This thread's scheduler slice as the kernel reports it (0 on kernels without
     custom slices; None if it cannot be read)."""
-    nr = _SCHED_SETATTR.get(platform.machine())
-    if nr is None:
-        return None
     attr = ctypes.create_string_buffer(_ATTR.size)
-    if ctypes.CDLL(None, use_errno=True).syscall(nr + 1, 0, attr, _ATTR.size, 0) != 0:
-        return None  # sched_getattr is sched_setattr's number + 1 on both
+    if _sched_attr_call(1, attr, _ATTR.size, 0) is not None:
+        return None
     return _ATTR.unpack(attr.raw)[5]
 
 
