@@ -248,6 +248,8 @@ class LineStats:
     dropped_down: int = 0
     dropped_tx: int = 0  # the out interface refused the frame (e.g. ENOBUFS)
     dropped_kernel: int = 0  # IF_IN socket buffer overflowed (saturated); not in frames_in
+    # frames timed when read, without the kernel's receive timestamp (testbed.net.delayline)
+    unstamped: int = 0
     # how late each sent frame left: its send time minus its release time (the fidelity
     # of the emulated delay; testbed.report.fidelity)
     lateness: LatencyHistogram = field(default_factory=LatencyHistogram)

@@ -13,6 +13,7 @@ import json
 import math
 import random
 import socket
+import struct
 import threading
 from statistics import NormalDist, fmean, pstdev
 
@@ -21,7 +22,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from testbed.errors import EmulationError
-from testbed.net.delayline import DelayLineControl, handle_control
+from testbed.net.delayline import (MAX_STAMP_AGE_S, SO_TIMESTAMPNS, DelayLineControl, arrival_s,
+                                   handle_control)
 from testbed.net.impairments import (DelayParams, GilbertElliottLoss, HoldQueue, RandomLoss,
                                      Verdict, jitter_sample, stationary_loss_pct)
 
@@ -278,6 +280,31 @@ def test_same_seed_same_decisions_other_seed_differs():
     assert decisions(DelayParams(seed=42, **base)) != decisions(DelayParams(seed=43, **base))
 
 
+# --- arrival timestamps -------------------------------------------------------------
+
+def _stamp(sec: int, nsec: int) -> list[tuple[int, int, bytes]]:
+    return [(socket.SOL_SOCKET, SO_TIMESTAMPNS, struct.pack("qq", sec, nsec))]
+
+
+def test_arrival_is_the_kernel_stamp_on_the_monotonic_clock():
+    # realtime 1000.5 s with monotonic = realtime - 900: arrived at monotonic 100.5
+    assert arrival_s(_stamp(1000, 500_000_000), -900.0, read_s=100.7) == pytest.approx(100.5)
+    # a stamp a hair after the read (the two clocks read a moment apart) is the read
+    assert arrival_s(_stamp(1000, 700_500_000), -900.0, read_s=100.7) == pytest.approx(100.7)
+
+
+@pytest.mark.parametrize("anc", [
+    [],  # no control message: the kernel gave no stamp
+    [(socket.SOL_SOCKET, SO_TIMESTAMPNS + 1, struct.pack("qq", 1000, 0))],  # another kind
+    [(socket.SOL_SOCKET, SO_TIMESTAMPNS, b"\0" * 4)],  # truncated
+    _stamp(1000, 0),  # older than MAX_STAMP_AGE_S before the read: not this arrival
+    _stamp(1000, 10_000_000),  # later than the read: another clock
+])
+def test_an_unusable_stamp_gives_none(anc):
+    read_s = 100.0 + MAX_STAMP_AGE_S + 0.5 if anc == _stamp(1000, 0) else 100.0 - 0.5
+    assert arrival_s(anc, -900.0, read_s=read_s) is None
+
+
 # --- control protocol ---------------------------------------------------------------
 
 def test_handle_control_stats_set_and_errors():
@@ -285,7 +312,8 @@ def test_handle_control_stats_set_and_errors():
     stats = handle_control(q, b'{"op": "stats"}')
     assert stats == {"ok": True, "frames_in": 0, "frames_out": 0, "bytes_in": 0, "bytes_out": 0,
                      "dropped_loss": 0, "dropped_limit": 0, "dropped_down": 0,
-                     "dropped_tx": 0, "dropped_kernel": 0, "realtime": False, "held": 0,
+                     "dropped_tx": 0, "dropped_kernel": 0, "unstamped": 0, "realtime": False,
+                     "held": 0,
                      "lateness": {"n": 0, "sum_ms": 0.0, "max_ms": 0.0, "counts": {}}}
     assert handle_control(q, b'{"op": "set", "params": {"delay_ms": 7}}') == {"ok": True}
     assert q.params == DelayParams(delay_ms=7)
