@@ -29,10 +29,11 @@ without hints 6.3-6.9 / 6.3-8.9 / 5.3 ms (three runs); short slices alone
 5.8-6.9 / 4.5-4.9 / 3.2-4.5 ms (two); short slices with router and client
 at nice -10 4.1-6.3 / 4.9-9.7 / 2.9-3.8 ms (two); with RLD at nice -10 too
 4.1-5.3 / 4.9-6.9 / 2.7-4.1 ms (two). The spread from run to run is as
-large as the hints' effect: they help the hubs' typical run, they do not
-bring the fleet's pdd mode under the 5 ms tolerance every time on two
-cores (docs/paper-fleet.md). The delay lines stay above all of these
-(SCHED_FIFO, testbed/net/delayline.py).
+large as the hints' effect: they help the hubs' typical run, but what
+brought the fleet under the 5 ms tolerance was the delay lines waking
+less often (their kernel-timestamped arrivals, testbed/net/delayline.py;
+docs/paper-fleet.md). The delay lines stay above all of these
+(SCHED_FIFO).
 
 Example::
 
