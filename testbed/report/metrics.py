@@ -66,6 +66,11 @@ Definitions (docs/run-directory.md):
   the fleet loses because a request's MD does not hold what its P held (each
   point is a point of the prompt's KV that crosses the WAN in vain). None
   without such requests.
+- ``decision_regret_share``: of the routing decisions the pipeline rule made
+  from its predictions, the share that the run's measured times would have
+  reversed (``hindsight``: the counts per pipeline, the estimates used, the
+  TTFT cost and the worst ten; testbed/report/hindsight.py says how each
+  decision is judged). None when no decision was judged (the baselines).
 - ``wan_kv_share``: the WAN's A->B capacity the mode's KV used: the KV and
   handoff bytes of its requests (records, emulated) over what the WAN's a>b
   shaper allowed during the workload window (links.csv's emulated rate,
@@ -88,7 +93,9 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
+from testbed.report.hindsight import hindsight
 from testbed.report.rundir import LinkSample
+from testbed.types import PddDefaults
 
 # The per-mode keys of summary.json, in contract order.
 MODE_KEYS = ("requests_total", "requests_completed", "requests_failed",
@@ -99,10 +106,10 @@ MODE_KEYS = ("requests_total", "requests_completed", "requests_failed",
              "after_prefill_p50_s", "after_prefill_p90_s", "wan_bytes", "intra_dc_bytes", "rld_token_share", "relayed_share",
              "kv_prediction_error_p50", "kv_prediction_error_p90",
              "wan_rate_max_over_shaper", "p_hit_rate_mean", "md_hit_rate_mean", "drc_hit_gap",
-             "wan_kv_share", "emulated")
+             "wan_kv_share", "decision_regret_share", "hindsight", "emulated")
 EMULATED_KEYS = ("wan_bytes", "intra_dc_bytes")
 # Every name an expectation or a comparison may use.
-MODE_METRICS = tuple(k for k in MODE_KEYS if k != "emulated") + tuple(
+MODE_METRICS = tuple(k for k in MODE_KEYS if k not in ("emulated", "hindsight")) + tuple(
     f"emulated.{k}" for k in EMULATED_KEYS)
 # Metrics of a (mode, baseline) pair over the same requests (``paired_metrics``);
 # a comparison expectation may bound them like a ratio.
@@ -349,9 +356,12 @@ def wan_kv_share(wan_bytes: int, links: Sequence[LinkSample],
 
 
 def mode_metrics(records: Sequence[Mapping], events: Sequence[Mapping], sla: Sla,
-                 scale: float, links: Sequence[LinkSample] = ()) -> dict:
-    """One mode's entry of summary.json, keys in contract order."""
+                 scale: float, links: Sequence[LinkSample] = (),
+                 relay_threshold_s: float = PddDefaults.relay_threshold_s) -> dict:
+    """One mode's entry of summary.json, keys in contract order (``relay_threshold_s``:
+    the mode's, for the decisions judged in hindsight)."""
     done = completed(records)
+    judged = hindsight(records, relay_threshold_s)
     ttft = [r.get("ttft_s") for r in done]
     window = workload_window(events, records)
     emulated = emulated_bytes(records)
@@ -384,6 +394,8 @@ def mode_metrics(records: Sequence[Mapping], events: Sequence[Mapping], sla: Sla
                                         default=None),
         **hit_rates(records),
         "wan_kv_share": wan_kv_share(emulated["wan_bytes"], links, window),
+        "decision_regret_share": judged["decision_regret_share"],
+        "hindsight": judged,
         "emulated": emulated,
     }
 

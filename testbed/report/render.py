@@ -32,7 +32,8 @@ ROWS = (  # (summary key, label)
     ("e2e_p99_s", "end-to-end p99"), ("goodput_rps", "goodput within SLA"),
     ("handoff_stall_p99_ms", "handoff stall p99"), ("wan_bytes", "WAN bytes (roles)"),
     ("intra_dc_bytes", "intra-DC bytes (roles)"), ("rld_token_share", "RLD share of tokens"),
-    ("relayed_share", "relayed share of requests"))
+    ("relayed_share", "relayed share of requests"),
+    ("decision_regret_share", "decisions reversed in hindsight"))
 PAPER_MODE, PAPER_BASELINE = "pdd", "cross-dc-pd"
 
 
@@ -220,6 +221,45 @@ def _fidelity(fid: Mapping) -> list[str]:
     return out + [""]
 
 
+def _hindsight(summary: dict) -> list[str]:
+    """Per mode whose decisions were judged: the counts, and its worst ten reversals."""
+    judged = {n: m["hindsight"] for n, m in summary["modes"].items()
+              if (m.get("hindsight") or {}).get("judged")}
+    if not judged:
+        return []
+    out = ["## Decisions in hindsight", "",
+           "Each routing decision the pipeline rule made from its predictions, made again "
+           "with the run's measured times: the gain of relaying (first token without "
+           "relaying minus first token with it, the side not taken estimated from the "
+           "mode's medians) against the mode's relay threshold "
+           "(testbed/report/hindsight.py).", "",
+           "| mode | judged | reversed | p-md reversed | p-rld-md reversed | rld-only reversed "
+           "| TTFT cost total / p50 / max |", "|---|---:|---:|---:|---:|---:|---|"]
+    for n, h in judged.items():
+        bp = h["by_pipeline"]
+        cells = [f"{bp[k]['reversed']} of {bp[k]['judged']}" if k in bp else "-"
+                 for k in ("p-md", "p-rld-md", "rld-only")]
+        out.append(f"| `{n}` | {h['judged']} | {h['reversed']} "
+                   f"({fmt('x_share', h['decision_regret_share'])}) | " + " | ".join(cells)
+                   + f" | {fmt('x_s', h['cost_s_total'])} / {fmt('x_s', h['cost_s_p50'])} / "
+                     f"{fmt('x_s', h['cost_s_max'])} |")
+    for n, h in judged.items():
+        if not h["worst"]:
+            continue
+        out += ["", f"Worst reversals of `{n}` (threshold {h['relay_threshold_s']:g} s):", "",
+                "| id | decided | TTFT s | other s | gain s | cost s | predicted WAN s "
+                "| measured WAN s | margin s | reason |", "|---:|---|---:|---:|---:|---:|---:"
+                "|---:|---:|---|"]
+        for w in h["worst"]:
+            i = w["inputs"]
+            out.append("| " + " | ".join(
+                "-" if v is None else (f"{v:.3g}" if isinstance(v, float) else str(v))
+                for v in (w["id"], w["pipeline"], w["ttft_s"], w["other_ttft_s"], w["gain_s"],
+                          w["cost_s"], i.get("predicted_wan_s"), i.get("actual_wan_s"),
+                          i.get("wan_margin_s"), w["reason"])) + " |")
+    return out + [""]
+
+
 def _versus_paper(run: RunData, summary: dict) -> list[str]:
     modes = summary["modes"]
     out = ["## Versus the paper", ""]
@@ -296,6 +336,7 @@ def render(run: RunData, summary: dict, plots: Sequence[Plot],
             f"{' (strict)' if fid.get('policy') == 'strict' else ''}. Baseline for comparisons: "
             f"`{baseline_of(run)}`. Machine-readable figures: [summary.json](summary.json).", ""]
     lines = (head + _what_ran(run) + _metrics_table(run, summary) + _comparisons(summary)
-             + _expectations(summary) + _fidelity(fid) + _versus_paper(run, summary)
+             + _expectations(summary) + _fidelity(fid) + _hindsight(summary)
+             + _versus_paper(run, summary)
              + _captures(captures or {}) + _plots(plots))
     return "\n".join(lines).rstrip() + "\n"

@@ -52,7 +52,7 @@ SUITE_JSON, SUITE_MD = "suite.json", "suite.md"
 KEY_METRICS = ("requests_total", "requests_completed", "requests_failed", "requests_verified",
                "requests_mismatched", "tokens_lost", "tokens_duplicated", "ttft_p50_s",
                "ttft_p90_s", "ttft_p99_s", "ttft_high_hit_p50_s", "tpot_p50_ms", "e2e_p99_s", "goodput_rps",
-               "rld_token_share", "relayed_share")
+               "rld_token_share", "relayed_share", "decision_regret_share")
 # What summary.json's "passed" needs of every mode besides the expectations
 # (report.summary.tokens_intact): each must be 0.
 TOKEN_CHECKS = ("tokens_lost", "tokens_duplicated", "requests_mismatched")

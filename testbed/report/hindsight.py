@@ -1,0 +1,181 @@
+"""Every routing decision judged by what the run measured: would the other pipeline have
+given the request its first token sooner?
+
+Owns ``hindsight`` (one mode's figures for summary.json, ``decision_regret_share``
+among them) and ``judge`` (one request). Input is the mode's request records
+(docs/pdd-roles.md, "What the client records"): the router's decision and its
+inputs (the router's REPORT), P's prefill end, MD's KV arrival, RLD's first
+token, all on one system-wide monotonic clock. Pure: nothing here reads files.
+
+Which decisions are judged: those the pipeline rule made from its predictions
+(testbed/pdd/roles/routing.py), recognised by the reason the router recorded.
+Each is judged by the rule itself with measured times in place of predicted
+ones: the *gain* of relaying is the first token without relaying minus the
+first token with it, and the rule relays when the gain reaches
+``relay_threshold_s`` (the mode's setting). A decision is *reversed* when the
+measured gain falls on the other side of the threshold:
+
+- ``p-md`` because relaying would gain too little ("short transfer"): its
+  TTFT is measured; the relayed one is estimated as P's prefill end plus
+  the mode's median measured relay overhead (P's prefill end -> RLD's first
+  token over its relayed requests; the router's predicted local transfer
+  when the mode relayed none). Reversed when the gain reaches the
+  threshold; cost: the gain, the TTFT relaying would have saved.
+- ``p-rld-md`` ("long transfer ...: relay"): its TTFT is measured; the
+  direct one is estimated as the KV's measured arrival at MD plus the
+  mode's median measured MD first step (the KV at MD -> its first token over
+  the mode's p-md requests; 0 when there are none, which favours reversal).
+  Reversed when the gain falls short of the threshold; TTFT cost: what the
+  relay added, if it added anything (a relay that gained less than the
+  threshold still cost RLD's time and the intra-DC bytes).
+- ``rld-only`` because the KV would reach MD after RLD's last token ("KV
+  would reach MD"): reversed when the router's predicted WAN time was
+  shorter than RLD's measured decode (P's prefill end -> the last token):
+  MD could have taken over, sparing RLD. The KV never crossed, so its time
+  is the prediction; the first token is RLD's either way (TTFT cost 0).
+
+Not judged: decisions the rule did not make from a prediction (baselines,
+warm-up, the anomalous filter, RLD full, MD down, p-rld's all-RLD branch),
+requests that failed or were re-served, and records missing a time. The
+estimates are medians of the same run's measurements: a reversal whose gain
+is near the threshold is uncertain, which is why the costs' p50 and max are
+reported beside the count.
+
+Example::
+
+    h = hindsight(records, relay_threshold_s=0.5)
+    h["decision_regret_share"], h["reversed"], h["worst"][0]["cost_s"]
+"""
+
+from __future__ import annotations
+
+from statistics import median
+from typing import Iterable, Mapping, Sequence
+
+WORST_N = 10
+# the rule's reasons (testbed/pdd/roles/routing.py choose_pipeline) that hindsight judges
+_SHORT, _RELAY, _LATE = "short transfer", "long transfer (", "KV would reach MD"
+
+
+def _router(record: Mapping) -> Mapping:
+    return (record.get("reports") or {}).get("router") or {}
+
+
+def _report(record: Mapping, role: str) -> Mapping:
+    return (record.get("reports") or {}).get(role) or {}
+
+
+def kind(record: Mapping) -> str | None:
+    """Which judged decision a record holds (``p-md``, ``p-rld-md``, ``rld-only``), or
+    None when hindsight does not judge it (see the module docstring)."""
+    router = _router(record)
+    reason, pipeline = str(router.get("reason") or ""), router.get("pipeline")
+    if record.get("status") != "completed" or router.get("reserves"):
+        return None
+    if pipeline == "p-md" and reason.startswith(_SHORT):
+        return "p-md"
+    if pipeline == "p-rld-md" and reason.startswith(_RELAY) and reason.endswith(": relay"):
+        return "p-rld-md"
+    if pipeline == "rld-only" and reason.startswith(_LATE):
+        return "rld-only"
+    return None
+
+
+def _first_token_at(record: Mapping) -> float | None:
+    t_sent, ttft = record.get("t_sent"), record.get("ttft_s")
+    return None if t_sent is None or ttft is None else t_sent + ttft
+
+
+def estimates(records: Sequence[Mapping]) -> dict:
+    """The mode's measured medians the counterfactuals use (None when it has none):
+    ``relay_overhead_s`` (P's prefill end -> RLD's first token, relayed requests) and
+    ``md_first_step_s`` (KV at MD -> MD's first token, p-md requests)."""
+    relay = [r["relay_overhead_ms"] / 1000 for r in records
+             if kind(r) == "p-rld-md" and r.get("relay_overhead_ms") is not None]
+    md_first = []
+    for r in records:
+        done, first = _report(r, "MD").get("t_kv_done"), _first_token_at(r)
+        if kind(r) == "p-md" and done is not None and first is not None:
+            md_first.append(max(0.0, first - done))
+    return {"relay_overhead_s": median(relay) if relay else None,
+            "relay_overhead_n": len(relay),
+            "md_first_step_s": median(md_first) if md_first else None,
+            "md_first_step_n": len(md_first)}
+
+
+def judge(record: Mapping, est: Mapping, relay_threshold_s: float) -> dict | None:
+    """One decision in hindsight: {id, pipeline, reason, ttft_s, other_ttft_s, gain_s,
+    reversed, cost_s, inputs}; None when not judged or a time is missing."""
+    k = kind(record)
+    if k is None:
+        return None
+    router, t_sent = _router(record), record.get("t_sent")
+    p_end = _report(record, "P").get("t_prefill_end")
+    kv_done = _report(record, "MD").get("t_kv_done")
+    first = _first_token_at(record)
+    if t_sent is None or p_end is None or first is None:
+        return None
+    ttft = first - t_sent
+    if k == "p-md":
+        overhead = est.get("relay_overhead_s")
+        if overhead is None:
+            overhead = router.get("predicted_local_s")
+        if overhead is None:
+            return None
+        other = p_end + overhead - t_sent
+        gain = ttft - other
+        reversed_, cost = gain >= relay_threshold_s, max(0.0, gain)
+    elif k == "p-rld-md":
+        if kv_done is None:
+            return None
+        other = kv_done + (est.get("md_first_step_s") or 0.0) - t_sent
+        gain = other - ttft
+        reversed_, cost = gain < relay_threshold_s, max(0.0, -gain)
+    else:  # rld-only: the KV's time is the router's prediction; TTFT is RLD's either way
+        wan_s = router.get("late_kv_wan_s", router.get("predicted_wan_s"))
+        e2e = record.get("e2e_s")
+        if wan_s is None or e2e is None:
+            return None
+        other, gain = ttft, None
+        reversed_, cost = wan_s < t_sent + e2e - p_end, 0.0
+    return {"id": record.get("id"), "pipeline": k, "reason": router.get("reason"),
+            "ttft_s": round(ttft, 4), "other_ttft_s": round(other, 4),
+            "gain_s": None if gain is None else round(gain, 4),
+            "reversed": bool(reversed_), "cost_s": round(cost if reversed_ else 0.0, 4),
+            "inputs": {key: router.get(key) for key in
+                       ("predicted_wan_s", "wan_margin_s", "predicted_local_s",
+                        "wan_gbit", "wan_backlog_bytes", "late_kv_wan_s")}
+            | {"actual_wan_s": (record.get("kv_at_md") or {}).get("actual_wan_s"),
+               "relay_overhead_ms": record.get("relay_overhead_ms")}}
+
+
+def hindsight(records: Sequence[Mapping], relay_threshold_s: float) -> dict:
+    """One mode's hindsight figures (summary.json ``hindsight``; see the module
+    docstring). ``decision_regret_share`` is None when no decision was judged."""
+    est = estimates(records)
+    verdicts = [v for v in (judge(r, est, relay_threshold_s) for r in records)
+                if v is not None]
+    rev = [v for v in verdicts if v["reversed"]]
+    costs = sorted(v["cost_s"] for v in rev)
+    by_pipeline = {}
+    for k in ("p-md", "p-rld-md", "rld-only"):
+        vs = [v for v in verdicts if v["pipeline"] == k]
+        if vs:
+            by_pipeline[k] = {"judged": len(vs), "reversed": sum(v["reversed"] for v in vs),
+                              "cost_s": round(sum(v["cost_s"] for v in vs if v["reversed"]), 4)}
+    return {
+        "relay_threshold_s": relay_threshold_s,
+        "judged": len(verdicts), "reversed": len(rev),
+        "decision_regret_share": len(rev) / len(verdicts) if verdicts else None,
+        "cost_s_total": round(sum(costs), 4),
+        "cost_s_p50": round(median(costs), 4) if costs else None,
+        "cost_s_max": costs[-1] if costs else None,
+        "by_pipeline": by_pipeline,
+        "estimates": est,
+        "worst": _worst(rev),
+    }
+
+
+def _worst(reversed_: Iterable[dict]) -> list[dict]:
+    return sorted(reversed_, key=lambda v: (-v["cost_s"], v["id"] if v["id"] is not None
+                                            else -1))[:WORST_N]

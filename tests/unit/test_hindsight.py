@@ -1,0 +1,117 @@
+"""The routing decisions judged in hindsight (testbed/report/hindsight.py), on synthetic
+records whose times are chosen so that each case's answer is known."""
+
+from __future__ import annotations
+
+import pytest
+
+from testbed.report.hindsight import WORST_N, estimates, hindsight, judge, kind
+
+T0 = 1000.0  # t_sent of every record (the monotonic clock the roles share)
+SHORT = "short transfer: relaying gains 0.20 s (0.20 s + margin 0.00 s - local 0.00 s)"
+RELAY = "long transfer (2.00 s): relay"
+LATE = "KV would reach MD (30.00 s) after RLD's last token (20.00 s): no WAN transfer"
+
+
+def rec(rid, pipeline, reason, p_end, ttft, kv_done=None, relay_ms=None, e2e=None,
+        status="completed", **router):
+    """A record: P's prefill ends at T0 + p_end, the first token comes at T0 + ttft."""
+    reports = {"router": {"pipeline": pipeline, "reason": reason, **router},
+               "P": {"t_prefill_end": T0 + p_end}}
+    if kv_done is not None:
+        reports["MD"] = {"t_kv_done": T0 + kv_done}
+    return {"id": rid, "status": status, "t_sent": T0, "ttft_s": ttft, "e2e_s": e2e,
+            "relay_overhead_ms": relay_ms, "kv_at_md": {}, "reports": reports}
+
+
+# A mode with two relayed requests (relay overhead 10 and 30 ms: median 20 ms) and two
+# p-md requests whose first token came 50 and 70 ms after their KV (median 60 ms).
+BASE = [
+    rec(1, "p-rld-md", RELAY, p_end=1.0, ttft=1.01, kv_done=4.0, relay_ms=10),
+    rec(2, "p-rld-md", RELAY, p_end=1.0, ttft=1.03, kv_done=4.0, relay_ms=30),
+    rec(3, "p-md", SHORT, p_end=1.0, ttft=1.25, kv_done=1.2),
+    rec(4, "p-md", SHORT, p_end=1.0, ttft=1.27, kv_done=1.2),
+]
+
+
+def test_the_estimates_are_the_modes_measured_medians():
+    est = estimates(BASE)
+    assert est["relay_overhead_s"] == pytest.approx(0.020)
+    assert est["md_first_step_s"] == pytest.approx(0.060)
+    assert (est["relay_overhead_n"], est["md_first_step_n"]) == (2, 2)
+
+
+def test_a_p_md_decision_is_reversed_when_relaying_would_have_gained_the_threshold():
+    est = estimates(BASE)
+    late = rec(5, "p-md", SHORT, p_end=1.0, ttft=2.0, kv_done=1.95)  # KV 0.95 s after P
+    v = judge(late, est, relay_threshold_s=0.5)
+    assert v["other_ttft_s"] == pytest.approx(1.02)  # P's end + the 20 ms relay overhead
+    assert v["gain_s"] == pytest.approx(0.98) and v["reversed"]
+    assert v["cost_s"] == pytest.approx(0.98)
+    on_time = rec(6, "p-md", SHORT, p_end=1.0, ttft=1.3, kv_done=1.25)  # gains 0.28 s < 0.5
+    v = judge(on_time, est, relay_threshold_s=0.5)
+    assert not v["reversed"] and v["cost_s"] == 0
+    assert judge(on_time, est, relay_threshold_s=0.2)["reversed"]  # the mode's threshold
+
+
+def test_a_relay_is_reversed_when_the_kv_reached_md_in_time():
+    est = estimates(BASE)
+    early = rec(7, "p-rld-md", RELAY, p_end=1.0, ttft=1.02, kv_done=1.1, relay_ms=20)
+    v = judge(early, est, relay_threshold_s=0.5)
+    assert v["other_ttft_s"] == pytest.approx(1.16)  # KV at MD + its 60 ms first step
+    assert v["gain_s"] == pytest.approx(0.14) and v["reversed"]
+    assert v["cost_s"] == 0  # relaying was still sooner, by less than the threshold
+    beaten = rec(8, "p-rld-md", RELAY, p_end=1.0, ttft=1.5, kv_done=1.1, relay_ms=500)
+    v = judge(beaten, est, relay_threshold_s=0.5)
+    assert v["reversed"] and v["cost_s"] == pytest.approx(0.34)  # MD's token: 1.16 s
+    assert not judge(BASE[0], est, relay_threshold_s=0.5)["reversed"]  # KV 3 s later
+
+
+def test_an_rld_only_decision_is_reversed_when_the_predicted_kv_beat_rlds_decode():
+    # P ends at 1 s, RLD's last token at 21 s: its decode took 20 s
+    spared = rec(9, "rld-only", LATE, p_end=1.0, ttft=1.02, e2e=21.0, late_kv_wan_s=15.0)
+    kept = rec(10, "rld-only", LATE, p_end=1.0, ttft=1.02, e2e=21.0, late_kv_wan_s=30.0)
+    assert judge(spared, {}, 0.5)["reversed"] and judge(spared, {}, 0.5)["cost_s"] == 0
+    assert not judge(kept, {}, 0.5)["reversed"]
+
+
+@pytest.mark.parametrize("record", [
+    rec(11, "p-md", "baseline: all p-md", p_end=1.0, ttft=5.0, kv_done=4.9),
+    rec(12, "p-md", "warm-up: p-md fills P's cache and MD's DRC", p_end=1.0, ttft=5.0),
+    rec(13, "rld-only", "anomalous: long input, short output", p_end=1.0, ttft=1.1),
+    rec(14, "p-md", "long transfer (2.00 s), RLD full: batch 4 of 4", p_end=1.0, ttft=5.0),
+    rec(15, "rld-only", "long transfer: decode on RLD", p_end=1.0, ttft=1.1),
+    rec(16, "p-md", SHORT, p_end=1.0, ttft=None, status="failed"),
+    rec(17, "p-md", SHORT, p_end=1.0, ttft=5.0, kv_done=4.9,
+        reserves=[{"pipeline": "p-md->re-served-rld-only"}]),
+])
+def test_decisions_the_rule_did_not_make_from_a_prediction_are_not_judged(record):
+    assert kind(record) is None and judge(record, estimates(BASE), 0.5) is None
+
+
+def test_without_relayed_requests_a_p_md_counterfactual_uses_the_predicted_local_time():
+    only = [rec(1, "p-md", SHORT, p_end=1.0, ttft=2.0, kv_done=1.9, predicted_local_s=0.1)]
+    v = hindsight(only, 0.5)["worst"][0]
+    assert v["other_ttft_s"] == pytest.approx(1.1) and v["cost_s"] == pytest.approx(0.9)
+
+
+def test_the_modes_figures_count_share_and_rank_the_reversals():
+    late = [rec(100 + i, "p-md", SHORT, p_end=1.0, ttft=2.0 + i / 10, kv_done=1.9 + i / 10)
+            for i in range(12)]
+    h = hindsight(BASE + late, relay_threshold_s=0.5)
+    assert (h["judged"], h["reversed"]) == (16, 12)
+    assert h["decision_regret_share"] == pytest.approx(12 / 16)
+    assert h["by_pipeline"]["p-md"] == {"judged": 14, "reversed": 12,
+                                        "cost_s": pytest.approx(sum(0.98 + i / 10
+                                                                    for i in range(12)))}
+    assert h["by_pipeline"]["p-rld-md"]["reversed"] == 0
+    assert len(h["worst"]) == WORST_N and h["worst"][0]["id"] == 111
+    assert [w["cost_s"] for w in h["worst"]] == sorted((w["cost_s"] for w in h["worst"]),
+                                                       reverse=True)
+    assert h["cost_s_max"] == pytest.approx(2.08)
+
+
+def test_a_mode_without_judged_decisions_has_no_share():
+    base = [rec(1, "p-md", "baseline: all p-md", p_end=1.0, ttft=5.0, kv_done=4.9)]
+    h = hindsight(base, 0.5)
+    assert h["judged"] == 0 and h["decision_regret_share"] is None and h["worst"] == []
