@@ -26,7 +26,7 @@ MAY_IMPORT = {
     "pdd": {"errors", "types", "histogram", "strict"},
     "bench": {"errors", "types", "net", "spec", "workload", "pdd"},
     "scenario": {"errors", "types", "strict", "spec", "workload", "net", "pdd", "report"},
-    "report": {"errors", "histogram"},
+    "report": {"errors", "types", "histogram"},
     "export": {"errors", "types", "strict", "spec", "workload", "scenario", "pdd", "report"},
     "vm": {"errors", "spec", "net"},
     "cli": None,  # everything, inside each subcommand
