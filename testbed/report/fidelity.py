@@ -91,9 +91,45 @@ def _around(rows: Sequence[dict], window: tuple[float, float] | None) -> tuple[d
 
 
 # -- network -------------------------------------------------------------
-def delay_line_figures(rows: Sequence[dict], window) -> dict | None:
+def down_windows(events: Sequence[Mapping]) -> dict[str, list[tuple[float, float]]]:
+    """{link: [(down, up)]} from the run's ``link_down``/``link_up`` events (a link
+    flap: the fault takes both ends down); a link still down at the end: up = inf."""
+    out: dict[str, list[tuple[float, float]]] = {}
+    down: dict[str, float] = {}
+    for e in sorted((e for e in events if e.get("kind") in ("link_down", "link_up")),
+                    key=lambda e: float(e["t_mono"])):
+        link, t = str(e.get("link")), float(e["t_mono"])
+        if e["kind"] == "link_down":
+            down.setdefault(link, t)
+        elif link in down:
+            out.setdefault(link, []).append((down.pop(link), t))
+    for link, t in down.items():
+        out.setdefault(link, []).append((t, float("inf")))
+    return out
+
+
+def _flap_drops(rs: Sequence[dict], a: dict, b: dict,
+                windows: Sequence[tuple[float, float]]) -> int:
+    """The transmit and kernel drops between snapshots a and b that fell in sample
+    intervals overlapping a window when the link was down: a frame the delay line
+    held when its out interface went down is lost, as on a real link that fails."""
+    if not windows:
+        return 0
+    keys = ("dropped_kernel", "dropped_tx")
+    inside = [r for r in rs if a["t_mono"] <= r["t_mono"] <= b["t_mono"]]
+    n = 0
+    for x, y in zip(inside, inside[1:]):
+        if any(x["t_mono"] <= up and y["t_mono"] >= down for down, up in windows):
+            n += sum(y[k] - x[k] for k in keys)
+    return n
+
+
+def delay_line_figures(rows: Sequence[dict], window,
+                       events: Sequence[Mapping] = ()) -> dict | None:
     """Per delay line (channel): lateness p50/p99/max over the window, frames and the
-    drops nothing configured explains; None without delay lines."""
+    drops nothing configured explains (drops while the channel's link was down, from
+    ``events``, are the fault's); None without delay lines."""
+    downs = down_windows(events)
     by_channel: dict[str, list[dict]] = {}
     for r in sorted(rows, key=lambda r: r["t_mono"]):
         by_channel.setdefault(r["channel"], []).append(r)
@@ -111,6 +147,7 @@ def delay_line_figures(rows: Sequence[dict], window) -> dict | None:
         late = difference(b["lateness"], a["lateness"] if a is not b else None)
         unexplained = sum(b[k] - (a[k] if a is not b else 0)
                           for k in ("dropped_kernel", "dropped_tx"))
+        unexplained -= _flap_drops(answered, a, b, downs.get(cid.split("/")[0], ()))
         frames = b["frames_in"] - (a["frames_in"] if a is not b else 0)
         # timed when read: late by at most the loop's sub-ms sleep, inside the lateness
         # tolerance, so a figure and not a reason
@@ -384,7 +421,7 @@ def mode_fidelity(mode_dir: Path, events, links, topology: Mapping, window,
             roles[p.name[: -len(".stats.jsonl")]] = fig
     fig = {
         "network": {"delay_lines": delay_line_figures(_read_jsonl(mode_dir / "delaylines.jsonl"),
-                                                      window),
+                                                      window, events),
                     "rtt": rtt_figures(ping.read_text() if ping.is_file() else None, events,
                                        links, topology, window, path_hosts),
                     "shapers": shaper_figures(links, window)},

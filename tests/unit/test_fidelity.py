@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -160,3 +161,22 @@ def test_configured_delays_follow_the_wans_set_link_events():
     series = F.configured_delays(TOPO, events)
     assert [(t, rtt, j) for t, rtt, j in series[1:]] == [(5.0, 70.0, 0.0), (7.0, 70.0, 2.0)]
     assert F._at(series, 1.0)[1] == 40.0 and F._at(series, 6.0)[1] == 70.0
+
+
+def _dl(t, tx, frames=1000):
+    return {"t_mono": t, "channel": "wan/a>b", "frames_in": frames, "frames_out": frames - tx,
+            "dropped_kernel": 0, "dropped_tx": tx, "lateness": _hist()}
+
+
+def test_drops_while_the_link_was_down_are_the_flaps_not_unexplained():
+    # samples each second; the link is down from 102.5 to 104.2: the interval 102-103
+    # (20 drops) and 104-105 (5) overlap it; 106-107 (3 drops) does not
+    rows = [_dl(100, 0), _dl(101, 0), _dl(102, 0), _dl(103, 20), _dl(104, 20), _dl(105, 25),
+            _dl(106, 25), _dl(107, 28)]
+    events = [{"kind": "link_down", "link": "wan", "t_mono": 102.5},
+              {"kind": "link_up", "link": "wan", "t_mono": 104.2},
+              {"kind": "link_down", "link": "host:md1", "t_mono": 106.2}]  # another link's
+    assert F.down_windows(events) == {"wan": [(102.5, 104.2)], "host:md1": [(106.2, math.inf)]}
+    figs = F.delay_line_figures(rows, None, events)
+    assert figs["wan/a>b"]["unexplained_drops"] == 3
+    assert F.delay_line_figures(rows, None)["wan/a>b"]["unexplained_drops"] == 28
