@@ -129,6 +129,28 @@ def _e2e_p99(mode: ModeData) -> float | None:
     return percentile((r.get("e2e_s") for r in completed(mode.requests)), 99)
 
 
+def rld_peak_hold(mode: ModeData, token_scale: int) -> tuple[int, int, int | None]:
+    """(most sequences RLD decoded at once, their modeled KV tokens at that moment, RLD's
+    modeled KV memory in tokens as the router budgets it, or None) over a mode's
+    records: a request is on RLD from its first RLD token to its last, holding its
+    prompt (x token_scale) and what RLD decoded of it."""
+    edges, budget = [], None
+    for r in mode.requests:
+        budget = budget or ((r.get("reports") or {}).get("router") or {}).get(
+            "rld_budget", {}).get("kv_tokens")
+        times = [t[2] for t in r.get("tokens") or () if producer_of(t) == "RLD"]
+        if not times or r.get("prompt_len") is None:
+            continue
+        ctx = r["prompt_len"] * token_scale + len(times)
+        edges += [(r["t_sent"] + min(times), 1, ctx), (r["t_sent"] + max(times), -1, -ctx)]
+    held = n = peak_n = peak_tokens = 0
+    for _, dn, dc in sorted(edges):
+        n, held = n + dn, held + dc
+        if held > peak_tokens:
+            peak_tokens, peak_n = held, n
+    return peak_n, peak_tokens, budget
+
+
 def claim_p_rld(runs, bench) -> Claim:
     key, title, pub = "8", "P->RLD alone overloads RLD", "collapses (qualitative)"
     slots = ["fleet-sweep", "rld-overload", "headline"]
@@ -163,6 +185,17 @@ def claim_p_rld(runs, bench) -> Claim:
         verdict = DIFFERS
         why = (f"no collapse up to {last['load_rps']:.2g} req/s: e2e p99 ratio "
                f"{_fmt(last['e2e_ratio'])}, {last['p_rld_failed']} failed")
+        top = pairs[-1][1][2]
+        n, tokens, budget = rld_peak_hold(run.mode(top),
+                                          int(pdd_settings(run, top).get("token_scale") or 1))
+        fig["rld_peak"] = {"mode": top, "sequences": n, "kv_tokens": tokens,
+                           "kv_capacity_tokens": budget}
+        if budget:
+            why += (f"; at that load p-rld's RLD held at most {n} sequences, "
+                    f"{tokens / budget:.2f} of its modeled KV memory ({tokens / 1e6:.2f}M of "
+                    f"{budget / 1e6:.2f}M tokens): the load that overloads it was not reached "
+                    f"(and the decode loop does not enforce that memory: past it a real RLD "
+                    f"would queue or preempt, this one only slows)")
     note = "" if len(rows) > 1 else "one load point: no sweep"
     return Claim(key, title, pub, measured, verdict, why, conditions(run, names["p-rld"], note),
                  fig)

@@ -19,7 +19,9 @@ from testbed.report.claims import (DIFFERS, NOT_HERE, REPRODUCED, claim_baseline
                                    claim_handoff_bench, claim_rld_share, claim_ttft,
                                    claim_wan_bytes, magnitude_verdict)
 from testbed.report.claims_load import (claim_bathtub, claim_bcr, claim_filter, claim_goodput,
-                                        claim_handoff_modes, claim_p_rld, handoff_spikes)
+                                        claim_handoff_modes, claim_p_rld, handoff_spikes,
+                                        rld_peak_hold)
+from testbed.report.rundir import ModeData
 from testbed.report.reproduce import (BENCH_FILE, FULL, QUICK, REPO, build_table, load_runs,
                                       reproduce, run_slots)
 from testbed.spec.scenario import load_scenario
@@ -273,6 +275,19 @@ def test_p_rld_collapse(tmp_path):
     assert c.verdict == REPRODUCED
     headline(tmp_path / "b")
     assert claim_p_rld(runs_of(tmp_path / "b"), None).verdict == DIFFERS
+
+
+def test_rld_peak_hold_counts_what_rld_decodes_at_once():
+    def on_rld(i, first, n_tok, prompt):  # t_sent i; RLD's tokens from i+first, 1 s apart
+        r = rec(i, first, n_tok=n_tok, rld=n_tok, tok_s=1.0, prompt=prompt)
+        r["reports"]["router"]["rld_budget"] = {"max_batch": 8, "kv_tokens": 10_000}
+        return r
+    # r0 on RLD over [0, 4], r1 over [2, 4], r2 over [10, 11]; r3 is MD's only
+    mode = ModeData("p-rld", (on_rld(0, 0.0, 5, 100), on_rld(1, 1.0, 3, 50),
+                              on_rld(10, 0.0, 2, 10), rec(3, 0.1)))
+    n, tokens, budget = rld_peak_hold(mode, token_scale=32)
+    assert (n, budget) == (2, 10_000)
+    assert tokens == 100 * 32 + 5 + 50 * 32 + 3  # both prompts and what RLD decoded of them
 
 
 def bathtub_run(root: Path, pdd_by_hit: dict[float, float]) -> Path:
