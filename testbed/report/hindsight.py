@@ -18,8 +18,8 @@ measured gain falls on the other side of the threshold:
 - ``p-md`` because relaying would gain too little ("short transfer"): its
   TTFT is measured; the relayed one is estimated as P's prefill end plus
   the mode's median measured relay overhead (P's prefill end -> RLD's first
-  token over its relayed requests; the router's predicted local transfer
-  when the mode relayed none). Reversed when the gain reaches the
+  token over its requests RLD emitted for; the router's predicted local
+  transfer when RLD emitted for none). Reversed when the gain reaches the
   threshold; cost: the gain, the TTFT relaying would have saved.
 - ``p-rld-md`` ("long transfer ...: relay"): its TTFT is measured; the
   direct one is estimated as the KV's measured arrival at MD plus the
@@ -88,10 +88,11 @@ def _first_token_at(record: Mapping) -> float | None:
 
 def estimates(records: Sequence[Mapping]) -> dict:
     """The mode's measured medians the counterfactuals use (None when it has none):
-    ``relay_overhead_s`` (P's prefill end -> RLD's first token, relayed requests) and
+    ``relay_overhead_s`` (P's prefill end -> RLD's first token, every completed request
+    RLD emitted for: relayed and rld-only take the same local path) and
     ``md_first_step_s`` (KV at MD -> MD's first token, p-md requests)."""
     relay = [r["relay_overhead_ms"] / 1000 for r in records
-             if kind(r) == "p-rld-md" and r.get("relay_overhead_ms") is not None]
+             if r.get("status") == "completed" and r.get("relay_overhead_ms") is not None]
     md_first = []
     for r in records:
         done, first = _report(r, "MD").get("t_kv_done"), _first_token_at(r)
