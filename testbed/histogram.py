@@ -4,8 +4,10 @@ Owns ``LatencyHistogram`` (fixed bucket edges, so two snapshots of one
 process subtract into the histogram of the window between them) and
 ``quantile_ms`` on its plain-data form. The delay line (its frames'
 lateness) and every role (its event loop's lag) keep one; the report turns
-snapshot differences into p50/p99 of a workload window. Imports nothing of
-the testbed, so every layer may use it.
+snapshot differences into p50/p99 of a workload window. Also owns
+``percentile``, the one exact percentile of a list of samples (numpy's
+linear method) that the report's metrics and the runner's verification
+use. Imports nothing of the testbed, so every layer may use it.
 
 Buckets: [0, 1 us), then 8 per octave from 1 us to ~69 s (edges
 ``1 us * 2**(i/8)``): a quantile is reported as the upper edge of the
@@ -97,3 +99,24 @@ def quantile_ms(hist: dict, q: float) -> float | None:
         if seen >= rank:
             return min(upper_edge_ms(i), hist["max_ms"]) if hist["max_ms"] else upper_edge_ms(i)
     return hist["max_ms"]
+
+
+def percentile(values, q: float) -> float | None:
+    """The q-th percentile (0-100) of the non-null values, numpy's default linear
+    interpolation to the last bit (``numpy.percentile(values, q)``, whose ``_lerp``
+    this follows); None when there are none.
+
+    >>> percentile([4, None, 1, 3, 2], 50), percentile([], 90)
+    (2.5, None)
+    """
+    v = sorted(float(x) for x in values if x is not None)
+    if not v:
+        return None
+    if not 0 <= q <= 100:
+        raise ValueError(f"percentile q={q!r}: expected 0..100")
+    pos = (len(v) - 1) * (q / 100)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(v) - 1)
+    t, a, b = pos - lo, v[lo], v[hi]
+    diff = b - a
+    return b - diff * (1 - t) if t >= 0.5 else a + diff * t

@@ -1,7 +1,8 @@
 """One enum per concept shared across packages (vidur's ``types/``).
 
 Mode: what the router may choose; Pipeline: the path of one request;
-HandoffMode: how RLD hands over. The link Backend lives with the shaping
+HandoffMode: how RLD hands over; Sla: a scenario's per-request service
+bounds, as the spec reads them and the report applies them. The link Backend lives with the shaping
 arithmetic (testbed.net.shaping); role names in topologies are
 testbed.spec.topology.Role and on the wire testbed.pdd.wire.fields.Role (an
 integer encoding of the same roles).
@@ -10,6 +11,8 @@ integer encoding of the same roles).
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
+from typing import Mapping
 
 
 class Mode(enum.Enum):
@@ -59,3 +62,27 @@ class PddDefaults:
 
 
 PDD_DEFAULTS = PddDefaults()
+
+
+@dataclass(frozen=True)
+class Sla:
+    """Per-request service bounds: a request meets them when its TTFT and TPOT are
+    within them; None = not checked (a run that recorded no ``sla``). A scenario
+    without ``sla:`` gets ``SCENARIO_SLA`` (testbed/spec/scenario.py)."""
+
+    ttft_s: float | None = None
+    tpot_ms: float | None = None
+
+    @classmethod
+    def from_resolved(cls, resolved: Mapping) -> "Sla":
+        """The ``sla: {ttft_s, tpot_ms}`` of a resolved scenario (metadata.json), or no
+        bounds."""
+        sla = resolved.get("sla") or {}
+        return cls(sla.get("ttft_s"), sla.get("tpot_ms"))
+
+    @property
+    def empty(self) -> bool:
+        return self.ttft_s is None and self.tpot_ms is None
+
+
+SCENARIO_SLA = Sla(ttft_s=2.0, tpot_ms=200.0)  # a scenario's bounds when it sets none

@@ -1,6 +1,6 @@
 """One mode's metrics and the comparisons between modes, as summary.json states them.
 
-Owns Sla, MODE_METRICS, PAIRED_METRICS, ``mode_metrics``, ``paired_metrics``,
+Owns MODE_METRICS, PAIRED_METRICS, ``mode_metrics``, ``paired_metrics``,
 ``compare``, ``metric_value`` and the small pure functions they are made of.
 Input is plain data read from a run directory: request records
 (docs/pdd-roles.md, "What the client records"), events and links.csv rows.
@@ -88,14 +88,14 @@ Example::
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
+from testbed.histogram import percentile
 from testbed.report.hindsight import hindsight
 from testbed.report.rundir import LinkSample
-from testbed.types import PddDefaults
+from testbed.types import PddDefaults, Sla
 
 # The per-mode keys of summary.json, in contract order.
 MODE_KEYS = ("requests_total", "requests_completed", "requests_failed",
@@ -120,30 +120,6 @@ DEFAULT_COMPARED = ("ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_p50_ms", "e2
 PRODUCERS = {"p": "P", "prefill": "P", "1": "P",
              "rld": "RLD", "relay_decode": "RLD", "relay-decode": "RLD", "2": "RLD",
              "md": "MD", "main_decode": "MD", "main-decode": "MD", "3": "MD"}
-
-
-@dataclass(frozen=True)
-class Sla:
-    """Per-request service bounds; None = not checked."""
-
-    ttft_s: float | None = None
-    tpot_ms: float | None = None
-
-    @classmethod
-    def from_resolved(cls, resolved: Mapping) -> "Sla":
-        """The scenario's ``sla: {ttft_s, tpot_ms}``, or no bounds."""
-        sla = resolved.get("sla") or {}
-        return cls(sla.get("ttft_s"), sla.get("tpot_ms"))
-
-    @property
-    def empty(self) -> bool:
-        return self.ttft_s is None and self.tpot_ms is None
-
-
-def percentile(values: Iterable[float | None], q: float) -> float | None:
-    """q-th percentile (linear interpolation) of the non-null values; None if none."""
-    a = [float(v) for v in values if v is not None]
-    return float(np.percentile(np.asarray(a), q)) if a else None
 
 
 def completed(records: Iterable[Mapping]) -> list[Mapping]:

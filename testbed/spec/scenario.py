@@ -25,7 +25,7 @@ from testbed.reader import Fields, is_file, load_yaml
 from testbed.spec.topology import Topology, load_topology
 from testbed.types import PDD_DEFAULTS as _D
 from testbed.workload import parse_workload
-from testbed.types import ENGINES, HandoffMode, Mode
+from testbed.types import ENGINES, SCENARIO_SLA, HandoffMode, Mode, Sla
 
 
 # The summary.json metrics an expectation may bound (docs/run-directory.md).
@@ -68,12 +68,6 @@ class PddSettings:
     drc: bool = True                     # MD's decode-side prefix cache; false: every request's
                                          # whole KV crosses the WAN (claim 3's comparison)
     engine: str = _D.engine              # the roles' compute engine (and verify's): torch | hash
-
-
-@dataclass(frozen=True)
-class Sla:
-    ttft_s: float = 2.0
-    tpot_ms: float = 200.0
 
 
 @dataclass(frozen=True)
@@ -120,7 +114,7 @@ class Scenario:
     faults: tuple[FaultSpec, ...]
     expectations: tuple[Expectation, ...]
     pdd: PddSettings = PddSettings()
-    sla: Sla = Sla()
+    sla: Sla = SCENARIO_SLA
     seed: int = 1
     scale: float | None = None  # None: automatic
     backend: str = "auto"
@@ -295,9 +289,9 @@ def _parse_modes(f: Fields, pdd: PddSettings, workload_raw: object,
 
 def _parse_sla(f: Fields | None) -> Sla:
     if f is None:
-        return Sla()
-    s = Sla(f.num("ttft_s", Sla.ttft_s, lo=0, lo_open=True, unit="s"),
-            f.num("tpot_ms", Sla.tpot_ms, lo=0, lo_open=True, unit="ms"))
+        return SCENARIO_SLA
+    s = Sla(f.num("ttft_s", SCENARIO_SLA.ttft_s, lo=0, lo_open=True, unit="s"),
+            f.num("tpot_ms", SCENARIO_SLA.tpot_ms, lo=0, lo_open=True, unit="ms"))
     f.done()
     return s
 

@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from testbed.bench.client_bench import main
-from testbed.pdd.run.verify import gateway_stats, percentile
+from testbed.histogram import percentile
+from testbed.pdd.run.verify import gateway_stats
 from testbed.pdd.run.verify import Verdict
 
 

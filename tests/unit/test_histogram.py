@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
-from testbed.histogram import (LatencyHistogram, bucket_of, difference, merge, quantile_ms,
-                               upper_edge_ms)
+from testbed.histogram import (LatencyHistogram, bucket_of, difference, merge, percentile,
+                               quantile_ms, upper_edge_ms)
 
 
 def test_a_quantile_is_at_or_above_the_exact_one_and_within_one_bucket():
@@ -57,3 +58,14 @@ def test_merge_adds_processes_and_empty_is_none():
     assert quantile_ms(m, 0.5) == 3.0  # the upper edge, clipped to the maximum seen
     assert quantile_ms(a.to_dict(), 0.5) == 1.0
     assert quantile_ms(LatencyHistogram().to_dict(), 0.5) is None
+
+
+def test_percentile_is_numpys_to_the_last_bit():
+    rng = random.Random(7)
+    for n in (1, 2, 3, 7, 40, 121):
+        xs = [rng.lognormvariate(0, 2) for _ in range(n)]
+        for q in (0, 1, 25, 50, 90, 99, 99.9, 100, rng.uniform(0, 100)):
+            assert percentile(xs + [None], q) == float(np.percentile(np.asarray(xs), q))
+    assert percentile([None], 50) is None
+    with pytest.raises(ValueError, match="0..100"):
+        percentile([1.0], 101)

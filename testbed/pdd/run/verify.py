@@ -27,6 +27,7 @@ import sys
 from dataclasses import dataclass
 from typing import Iterable
 
+from testbed.histogram import percentile
 from testbed.pdd.compute.engine import ModelConfig, build_model
 
 
@@ -54,17 +55,6 @@ def verify_records(records: Iterable[dict], model_cfg: ModelConfig) -> list[Verd
                            not bad, bad[0] if bad else None, len(got)))
     return out
 
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    """Linear-interpolated percentile (numpy's default), None for no values."""
-    if not values:
-        return None
-    v = sorted(values)
-    pos = (len(v) - 1) * q / 100
-    lo = int(pos)
-    hi = min(lo + 1, len(v) - 1)
-    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
 
 
 def gateway_stats(records: list[dict], verdicts) -> dict:
