@@ -178,5 +178,4 @@ def hindsight(records: Sequence[Mapping], relay_threshold_s: float) -> dict:
 
 
 def _worst(reversed_: Iterable[dict]) -> list[dict]:
-    return sorted(reversed_, key=lambda v: (-v["cost_s"], v["id"] if v["id"] is not None
-                                            else -1))[:WORST_N]
+    return sorted(reversed_, key=lambda v: (-v["cost_s"], str(v["id"])))[:WORST_N]

@@ -115,3 +115,8 @@ def test_a_mode_without_judged_decisions_has_no_share():
     base = [rec(1, "p-md", "baseline: all p-md", p_end=1.0, ttft=5.0, kv_done=4.9)]
     h = hindsight(base, 0.5)
     assert h["judged"] == 0 and h["decision_regret_share"] is None and h["worst"] == []
+
+
+def test_the_worst_list_takes_any_request_ids():
+    late = [rec(i, "p-md", SHORT, p_end=1.0, ttft=2.0, kv_done=1.9) for i in ("b", None, 3)]
+    assert [w["id"] for w in hindsight(BASE + late, 0.5)["worst"]] == [3, None, "b"]  # by str
