@@ -92,8 +92,7 @@ def kind_of(run: RunData, name: str) -> str:
 
 
 def pdd_settings(run: RunData, name: str | None = None) -> dict:
-    m = _resolved_mode(run, name) if name else {}
-    return m.get("pdd") or run.resolved.get("pdd") or {}
+    return run.pdd_settings(name)
 
 
 def conditions(run: RunData, name: str, note: str = "") -> dict:

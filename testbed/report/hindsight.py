@@ -57,10 +57,6 @@ WORST_N = 10
 _SHORT, _RELAY, _LATE = "short transfer", "long transfer (", "KV would reach MD"
 
 
-def _router(record: Mapping) -> Mapping:
-    return (record.get("reports") or {}).get("router") or {}
-
-
 def _report(record: Mapping, role: str) -> Mapping:
     return (record.get("reports") or {}).get(role) or {}
 
@@ -68,7 +64,7 @@ def _report(record: Mapping, role: str) -> Mapping:
 def kind(record: Mapping) -> str | None:
     """Which judged decision a record holds (``p-md``, ``p-rld-md``, ``rld-only``), or
     None when hindsight does not judge it (see the module docstring)."""
-    router = _router(record)
+    router = _report(record, "router")
     reason, pipeline = str(router.get("reason") or ""), router.get("pipeline")
     if record.get("status") != "completed" or router.get("reserves"):
         return None
@@ -110,7 +106,7 @@ def judge(record: Mapping, est: Mapping, relay_threshold_s: float) -> dict | Non
     k = kind(record)
     if k is None:
         return None
-    router, t_sent = _router(record), record.get("t_sent")
+    router, t_sent = _report(record, "router"), record.get("t_sent")
     p_end = _report(record, "P").get("t_prefill_end")
     kv_done = _report(record, "MD").get("t_kv_done")
     first = _first_token_at(record)

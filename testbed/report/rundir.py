@@ -75,6 +75,14 @@ class RunData:
         """Bandwidth scale k: nominal bytes = emulated bytes x k."""
         return float(self.metadata.get("scale") or 1.0)
 
+    def pdd_settings(self, mode: str | None = None) -> dict:
+        """The PDD settings the runner resolved for ``mode`` (a mode folder's name), else
+        the scenario's; {} when the run recorded none."""
+        for m in self.resolved.get("modes") or ():
+            if mode and isinstance(m, dict) and m.get("name") == mode and m.get("pdd"):
+                return m["pdd"]
+        return self.resolved.get("pdd") or {}
+
     @property
     def mode_names(self) -> tuple[str, ...]:
         return tuple(m.name for m in self.modes)

@@ -86,22 +86,12 @@ def verification(run: RunData, mode: str) -> dict:
     return {"requests_verified": v["checked"], "requests_mismatched": len(v["mismatched"])}
 
 
-def relay_threshold_s(resolved: dict, mode: str) -> float:
-    """The mode's ``pdd.relay_threshold_s`` as the runner resolved it (the default for a
-    run that recorded none)."""
-    for m in resolved.get("modes") or ():
-        if isinstance(m, dict) and m.get("name") == mode:
-            value = (m.get("pdd") or {}).get("relay_threshold_s")
-            if value is not None:
-                return float(value)
-    return PddDefaults.relay_threshold_s
-
-
 def summarize(run: RunData) -> dict:
     """The summary.json object of a run (raises ExpectationError for a broken expectation)."""
     sla = Sla.from_resolved(run.resolved)
     modes = {m.name: mode_metrics(m.requests, m.events, sla, run.scale, m.links,
-                                  relay_threshold_s(run.resolved, m.name))
+                                  float(run.pdd_settings(m.name).get(
+                                      "relay_threshold_s", PddDefaults.relay_threshold_s)))
              for m in run.modes}
     for name, m in modes.items():  # nominal bytes are counts
         m["wan_bytes"], m["intra_dc_bytes"] = round(m["wan_bytes"]), round(m["intra_dc_bytes"])
