@@ -24,7 +24,7 @@ from pathlib import Path
 from testbed.errors import PlanError
 from testbed.export import chaos, manifests
 from testbed.export.timeline import Timeline, translate
-from testbed.export.units import MTU_BYTES, bdp_bytes
+from testbed.linkmath import GSO_MAX_BYTES, MTU_BYTES, bdp_bytes
 from testbed.scenario.cluster_config import cluster_dict_for, workload_lines
 from testbed.spec.scenario import ModeRun, Scenario
 from testbed.spec.topology import Role as TopoRole
@@ -32,7 +32,6 @@ from testbed.spec.topology import Role as TopoRole
 DEFAULT_IMAGE = "localhost/pdd-testbed:0.1.0"
 DEFAULT_DC_NODE_LABEL = "pdd-testbed/datacenter"
 NETEM_DEFAULT_LIMIT_PKTS = 1000  # netem's queue when nothing sets "limit"
-GSO_BYTES = 65536  # the largest GSO/TSO packet a qdisc sees
 _DNS_LABEL = re.compile(r"[^a-z0-9-]+")
 
 
@@ -150,8 +149,8 @@ def _queue_notes(wan) -> list[str]:
     what one WAN direction has in flight (rate x one-way delay)."""
     out = []
     for what, d in (("a>b", wan.a_to_b), ("b>a", wan.b_to_a)):
-        in_flight = round(d.rate_gbit * 1e9 / 8 * d.delay_ms / 1000)
-        mtu, gso = -(-in_flight // MTU_BYTES), -(-in_flight // GSO_BYTES)
+        in_flight = round(bdp_bytes(d.rate_gbit * 1e9, d.delay_ms))
+        mtu, gso = -(-in_flight // MTU_BYTES), -(-in_flight // GSO_MAX_BYTES)
         if mtu <= NETEM_DEFAULT_LIMIT_PKTS:
             continue
         enough = "not enough even" if gso > NETEM_DEFAULT_LIMIT_PKTS else "enough only"
@@ -165,7 +164,13 @@ def _queue_notes(wan) -> list[str]:
 def build_export(sc: Scenario, opts: ExportOptions = ExportOptions()) -> Export:
     modes = tuple(build_mode(sc, m, opts) for m in sc.modes)
     wan = sc.topology.wan
-    bdp = bdp_bytes(max(wan.a_to_b.rate_gbit, wan.b_to_a.rate_gbit), wan.rtt_ms)
     notes = list(dict.fromkeys(n for m in modes for n in m.timeline.notes))
     notes += _queue_notes(wan)
-    return Export(sc.name, modes, tuple(notes), bdp)
+    return Export(sc.name, modes, tuple(notes), wan_bdp_bytes(wan))
+
+
+def wan_bdp_bytes(wan) -> int:
+    """The WAN's bandwidth-delay product (its faster direction x RTT) in whole bytes,
+    at least one MTU."""
+    rate_bps = max(wan.a_to_b.rate_gbit, wan.b_to_a.rate_gbit) * 1e9
+    return max(MTU_BYTES, round(bdp_bytes(rate_bps, wan.rtt_ms)))

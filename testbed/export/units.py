@@ -1,4 +1,4 @@
-"""Values in the notation Chaos Mesh accepts, and the WAN's bandwidth-delay product.
+"""Values in the notation Chaos Mesh accepts.
 
 Owns the formatting of rates, durations and percentages for NetworkChaos,
 PodChaos and Workflow fields, where the notation has traps (checked against
@@ -23,7 +23,6 @@ Chaos Mesh's source at commit 608b61e, the commit the CRD schemas in
 from __future__ import annotations
 
 RATE_UNITS = (("gbit", 10**9), ("mbit", 10**6), ("kbit", 10**3), ("bit", 1))
-MTU_BYTES = 1500
 
 
 def rate_string(rate_gbit: float) -> str:
@@ -59,8 +58,3 @@ def seconds_string(seconds: float) -> str:
 def pct_string(pct: float) -> str:
     """A percentage as a float string: ``10.0`` -> ``"10"``, ``0.25`` -> ``"0.25"``."""
     return f"{pct:.6f}".rstrip("0").rstrip(".")
-
-
-def bdp_bytes(rate_gbit: float, rtt_ms: float) -> int:
-    """Bandwidth-delay product of a line: ``rate x RTT`` in bytes (at least one MTU)."""
-    return max(MTU_BYTES, round(rate_gbit * 1e9 / 8 * rtt_ms / 1000))

@@ -23,8 +23,8 @@ import enum
 import math
 from dataclasses import dataclass
 
-MTU_BYTES = 1500
-GSO_MAX_BYTES = 65536
+from testbed.linkmath import GSO_MAX_BYTES, MTU_BYTES, bdp_bytes
+
 U32_MAX = (1 << 32) - 1
 
 
@@ -82,18 +82,14 @@ def htb_params(nominal_gbit: float, scale: float) -> HtbParams:
     return HtbParams(nominal_gbit, rate_bps, burst, rate_bps // 8 > U32_MAX)
 
 
-def bdp_bytes(rate_bps: int, rtt_ms: float) -> int:
-    return int(rate_bps / 8 * rtt_ms / 1e3)
-
-
 def queue_limit_pkts(rate_bps: int, rtt_ms: float, given: int | None) -> int:
     """Bottleneck queue: the spec's limit, else one BDP (at least 64 packets)."""
     if given is not None:
         return given
-    return max(64, math.ceil(bdp_bytes(rate_bps, rtt_ms) / MTU_BYTES))
+    return max(64, math.ceil(int(bdp_bytes(rate_bps, rtt_ms)) / MTU_BYTES))
 
 
 def in_flight_pkts(rate_bps: int, delay_ms: float, jitter_ms: float) -> int:
     """Packets held by a delay stage at full rate (delay + 3 jitter), MTU-sized."""
     held_ms = delay_ms + 3 * jitter_ms
-    return max(16, math.ceil(bdp_bytes(rate_bps, held_ms) / MTU_BYTES * 1.25))
+    return max(16, math.ceil(int(bdp_bytes(rate_bps, held_ms)) / MTU_BYTES * 1.25))

@@ -193,9 +193,7 @@ def test_go_durations(s, text):
     assert units.seconds_string(s) == text
 
 
-def test_bdp_and_percentages():
-    assert units.bdp_bytes(10, 40) == 50_000_000
-    assert units.bdp_bytes(0.001, 0.1) == units.MTU_BYTES
+def test_percentages():
     assert (units.pct_string(10.0), units.pct_string(0.25)) == ("10", "0.25")
     with pytest.raises(ValueError):
         units.seconds_string(0.0001)
