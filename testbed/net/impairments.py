@@ -6,8 +6,8 @@ semantics, so it can be unit-tested with fake clocks and fake frames:
 - ``DelayParams``: the frozen, validated parameters of one link direction
   (delay, jitter and its distribution, loss model, reorder share, queue limit,
   seed, up/down), with a JSON round trip. ``validate_params`` is the pure check.
-- ``jitter_sample``: one draw from netem's delay distributions (uniform,
-  normal, pareto, paretonormal), in units of the jitter.
+- ``jitter_sample``: one draw from netem's delay distributions
+  (``JITTER_DISTRIBUTIONS``, testbed/spec/link.py), in units of the jitter.
 - ``RandomLoss`` / ``GilbertElliottLoss``: the loss models (netem ``loss
   random`` and ``loss gemodel``); ``stationary_loss_pct`` is the analytic rate.
 - ``HoldQueue``: the release-time schedule. ``admit`` decides a frame's fate
@@ -67,15 +67,17 @@ class Verdict(enum.Enum):
 
 @dataclass(frozen=True)
 class DelayParams:
-    """Impairments of one link direction; validated on construction."""
+    """Impairments of one link direction; its fields validated on construction (they
+    also arrive as JSON); built from an already validated LinkSpec (testbed/spec/link.py),
+    whose rules are not checked again."""
 
     delay_ms: float = field(default=0.0, metadata={"help": "base one-way delay"})
     jitter_ms: float = field(default=0.0, metadata={"help": "jitter scale (netem's jitter)"})
     jitter_distribution: JitterDistribution = field(
         default=JitterDistribution.UNIFORM,
-        metadata={"help": "uniform | normal | pareto | paretonormal (netem tables)"})
+        metadata={"help": " | ".join(JITTER_DISTRIBUTIONS) + " (netem tables)"})
     loss_model: LossModel = field(
-        default=LossModel.RANDOM, metadata={"help": "random | gilbert_elliott"})
+        default=LossModel.RANDOM, metadata={"help": " | ".join(LOSS_MODELS)})
     loss_pct: float = field(default=0.0, metadata={"help": "random loss, percent"})
     ge_p_pct: float = field(default=0.0, metadata={"help": "GE good->bad, percent"})
     ge_r_pct: float = field(default=100.0, metadata={"help": "GE bad->good, percent"})
@@ -158,9 +160,6 @@ def validate_params(p: DelayParams) -> None:
     if p.loss_model == LossModel.RANDOM and p.ge_p_pct > 0:
         raise ValueError(f"ge_p_pct: needs loss_model 'gilbert_elliott', got {p.ge_p_pct!r} "
                          f"with loss_model 'random'")
-    if p.reorder_pct > 0 and p.delay_ms == 0:
-        raise ValueError(f"reorder_pct: reordering needs delay_ms > 0 (as in netem), "
-                         f"got reorder_pct={p.reorder_pct!r} with delay_ms=0")
 
 
 def _pareto_quantile(q: float) -> float:

@@ -170,11 +170,9 @@ def parse_link(f: Fields, base: LinkSpec | None = None) -> LinkSpec:
     else:
         loss = b.loss
     reorder = f.num("reorder_pct", b.reorder_pct, **_PCT)
-    if reorder > 0 and delay == 0:
-        raise f.error("reorder_pct", "0 when delay_ms is 0 (reordering needs a delay)", reorder)
     limit = f.int("queue_limit_pkts", b.queue_limit_pkts, lo=1)
     f.done()
     try:
         return LinkSpec(rate, delay, jitter, dist, loss, reorder, limit)
-    except SpecError as e:  # a rule the field checks above do not cover: name the YAML field
+    except SpecError as e:  # a rule across fields (LinkSpec's): name the YAML field
         raise f.error(e.path, e.expected, e.got) from None

@@ -256,7 +256,6 @@ def test_uniform_sends_no_table_and_unknown_name_raises():
     (dict(distribution="gauss"), "distribution"),
     (dict(delay_us=10, distribution="normal"), "distribution"),  # no jitter
     (dict(jitter_us=10, distribution="pareto"), "distribution"),  # no delay
-    (dict(reorder_pct=5), "reorder_pct"),  # no delay
     (dict(loss_pct=101), "loss_pct"),
     (dict(loss_pct=True), "loss_pct"),
     (dict(loss_model="bursty"), "loss_model"),

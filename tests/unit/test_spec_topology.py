@@ -55,6 +55,8 @@ DELETE = object()
     ("wan.link.jitter_ms", -2, "wan.link.jitter_ms", ">= 0"),
     ("wan.link.jitter_distribution", "gauss", "wan.link.jitter_distribution", "one of uniform"),
     ("wan.link.reorder_pct", 5, None, None),  # allowed with a delay: no error
+    ("wan.link", {"rate_gbit": 10, "reorder_pct": 5}, "wan.link.reorder_pct",
+     "reordering needs a delay"),  # LinkSpec's rule, named by its YAML field
     ("wan.link.queue_limit_pkts", 0, "wan.link.queue_limit_pkts", "an integer >= 1"),
     ("wan.link.rate", 10, "wan.link.rate", "a known field"),
     ("wan.link.loss", {"model": "gilbert_elliott", "p_pct": 1, "r_pct": 0},
