@@ -21,7 +21,8 @@ measured gain falls on the other side of the threshold:
   token over its requests RLD emitted for; the router's predicted local
   transfer when RLD emitted for none). Reversed when the gain reaches the
   threshold; cost: the gain, the TTFT relaying would have saved.
-- ``p-rld-md`` ("long transfer ...: relay"): its TTFT is measured; the
+- ``p-rld-md`` ("long transfer ...: relay", or "lossy WAN ...: relay": relayed
+  on measured loss although the prediction gained too little): its TTFT is measured; the
   direct one is estimated as the KV's measured arrival at MD plus the
   mode's median measured MD first step (the KV at MD -> its first token over
   the mode's p-md requests; 0 when there are none, which favours reversal).
@@ -54,7 +55,8 @@ from typing import Iterable, Mapping, Sequence
 
 WORST_N = 10
 # the rule's reasons (testbed/pdd/roles/routing.py choose_pipeline) that hindsight judges
-_SHORT, _RELAY, _LATE = "short transfer", "long transfer (", "KV would reach MD"
+_SHORT, _LATE = "short transfer", "KV would reach MD"
+_RELAY = ("long transfer (", "lossy WAN (")  # relayed on the prediction, or on measured loss
 
 
 def _report(record: Mapping, role: str) -> Mapping:

@@ -120,3 +120,17 @@ def test_a_mode_without_judged_decisions_has_no_share():
 def test_the_worst_list_takes_any_request_ids():
     late = [rec(i, "p-md", SHORT, p_end=1.0, ttft=2.0, kv_done=1.9) for i in ("b", None, 3)]
     assert [w["id"] for w in hindsight(BASE + late, 0.5)["worst"]] == [3, None, "b"]  # by str
+
+
+def test_a_relay_made_on_measured_loss_is_judged_like_any_relay():
+    """Relayed because the WAN was lossy: judged by what relaying gained. Its KV reached
+    MD 0.1 s after P's prefill end, so MD would have had its first token at 1.16 s
+    against RLD's 1.01 s: relaying gained 0.15 s, less than the 0.5 s threshold."""
+    lossy = ("lossy WAN (9.8% of segments retransmitted; relaying gains 0.10 s as "
+             "predicted): relay")
+    r = rec(9, "p-rld-md", lossy, p_end=1.0, ttft=1.01, kv_done=1.1, relay_ms=10)
+    assert kind(r) == "p-rld-md"
+    j = judge(r, estimates(BASE), relay_threshold_s=0.5)
+    assert j["gain_s"] == pytest.approx(0.15) and j["reversed"]
+    assert kind(rec(9, "p-md", "lossy WAN (5.0% ...), RLD full: batch 4 of 4", p_end=1.0,
+                    ttft=2.0)) is None  # RLD full: not a prediction's decision

@@ -56,6 +56,23 @@ def test_a_workload_over_tcp_processes_completes_with_exact_tokens(procs):
     assert all(v.match for v in verify_records(records, procs.cfg.model))
 
 
+def test_the_router_hears_ps_tcp_counters_of_its_kv_to_md(procs):
+    """P reports the segments its connections to MD sent and retransmitted (TCP_INFO),
+    and the router's decision records carry the window's count and share: segments
+    of the first requests' KV (sent well over one status interval before the last is
+    routed), none of them retransmitted on loopback."""
+    rng = random.Random(13)
+    requests = [{"id": i, "arrival_s": 0.4 * i, "max_out": 20, "session": 100 + i,
+                 "prompt": [rng.randrange(512) for _ in range(64)]} for i in range(3)]
+    workload, out = procs.run_dir / "tcp.jsonl", procs.run_dir / "tcp-requests.jsonl"
+    workload.write_text("".join(json.dumps(r) + "\n" for r in requests))
+    assert procs.run_client("client", workload, out).returncode == 0
+    records = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    last = records[2]["reports"]["router"]
+    assert last["wan_retrans_segments"] > 0 and last["wan_retrans_share"] == 0.0, last
+    assert last["wan_rto_s"] >= 0.2  # Linux's minimum retransmission timeout
+
+
 def test_warmup_requests_run_first_go_p_md_and_fill_mds_drc(procs):
     """The client replays warm-up lines before "ready" (records in warmup.jsonl, not in
     requests.jsonl); a warm-up goes p-md even where the router would relay, so the

@@ -157,3 +157,41 @@ def test_relaying_must_gain_the_threshold_over_the_local_path():
     assert choose_pipeline(Mode.PDD, CFG, TIMING, margin).pipeline == Pipeline.P_RLD_MD
     # p-rld (steps 1-2, then rld-only) weighs the local path too
     assert choose_pipeline(Mode.P_RLD, CFG, TIMING, slow).pipeline == Pipeline.P_MD
+
+
+LOSSY = 0.05  # 5% of segments retransmitted: above the 1% default threshold
+
+
+@pytest.mark.parametrize("mode, share, room, want, why", [
+    # a short transfer goes p-md on a clean WAN, relays on a lossy one
+    (Mode.PDD, 0.0, None, Pipeline.P_MD, "short transfer"),
+    (Mode.PDD, 0.009, None, Pipeline.P_MD, "short transfer"),
+    (Mode.PDD, 0.01, None, Pipeline.P_RLD_MD, "lossy WAN (1.0% of segments"),
+    (Mode.PDD, LOSSY, None, Pipeline.P_RLD_MD, "lossy WAN (5.0% of segments"),
+    # RLD's room still binds: the loss does not overload RLD
+    (Mode.PDD, LOSSY, FULL, Pipeline.P_MD, "lossy WAN (5.0%"),
+    # p-rld: step 2, then all RLD
+    (Mode.P_RLD, LOSSY, None, Pipeline.RLD_ONLY, "lossy WAN"),
+    # the baselines ignore it
+    (Mode.CROSS_DC_PD, LOSSY, None, Pipeline.P_MD, "baseline"),
+])
+def test_a_lossy_wan_relays_short_transfers(mode, share, room, want, why):
+    inp = RouteInputs(16384, 1000, 0.2, 15.0, room, wan_retrans_share=share)
+    d = choose_pipeline(mode, CFG, TIMING, inp)
+    assert (d.pipeline, d.reason.startswith(why)) == (want, True), d.reason
+
+
+def test_the_lossy_wan_test_can_be_turned_off_and_its_level_set():
+    inp = RouteInputs(16384, 1000, 0.2, 15.0, None, wan_retrans_share=LOSSY)
+    off = RouterConfig(relay_threshold_s=0.5, lossy_wan_retrans_pct=0)
+    assert choose_pipeline(Mode.PDD, off, TIMING, inp).pipeline == Pipeline.P_MD
+    high = RouterConfig(relay_threshold_s=0.5, lossy_wan_retrans_pct=6)
+    assert choose_pipeline(Mode.PDD, high, TIMING, inp).pipeline == Pipeline.P_MD
+
+
+def test_a_lossy_wan_keeps_the_late_kv_rule():
+    """A transfer predicted to land after RLD's last token stays rld-only: the loss does
+    not make the KV cross when it would not be used."""
+    inp = RouteInputs(16384, 1000, 0.2, 0.1, None, wan_retrans_share=LOSSY)
+    d = choose_pipeline(Mode.PDD, CFG, TIMING, inp)
+    assert d.pipeline == Pipeline.RLD_ONLY, d.reason

@@ -200,6 +200,11 @@ class RoleServer:
         for name in names:
             self.spawn(one(name), f"warm {name}")
 
+    def connected(self, name: str) -> Peer | None:
+        """The open outbound connection to instance ``name``, or None (nothing is opened)."""
+        peer = self._out.get(name)
+        return peer if peer is not None and not peer.conn.closed else None
+
     async def peer(self, name: str) -> Peer:
         """The outbound connection to instance ``name``, opened on first use.
 

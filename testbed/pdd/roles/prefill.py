@@ -31,6 +31,14 @@ Request lifecycle at P (docs/pdd-roles.md, steps 3-4):
 
 CANCEL from the router drops the request (queued or shipping); a KV_NEED
 for a request P no longer holds is answered with CANCEL.
+
+TCP status (the router's measure of WAN loss): every
+``prefill.tcp_status_interval_s`` P sends the router a REPORT with request id
+0: ``{"kind": "tcp", "interval_s", "segs_out", "retrans", "rto_s"}``, the
+segments its connections to MD sent and retransmitted in the interval (the
+kernel's TCP_INFO, summed over those connections) and the largest current
+retransmission timeout. Nothing is sent while no segment left; nothing at
+all on a transport without TCP (the in-process one).
 """
 
 from __future__ import annotations
@@ -48,7 +56,7 @@ from testbed.pdd.roles.peers import Peer, RoleServer
 from testbed.pdd.wire.protocol import (Cancel, Error, ErrorCode, Frame, KvDone, KvNeed, Report,
                                   Request, Role)
 from testbed.pdd.compute.radix import RadixCache
-from testbed.pdd.wire.transport import ConnectionClosed, Transport
+from testbed.pdd.wire.transport import ConnectionClosed, TcpCounters, Transport
 
 
 @dataclass(eq=False)
@@ -108,6 +116,35 @@ class PrefillNode(RoleServer):
         self.spawn(self._prefill_worker(), "prefill worker")
         self.warm([i.name for role in (Role.RELAY_DECODE, Role.MAIN_DECODE)
                    for i in self.cfg.of_role(role)])
+        self.spawn(self._tcp_status_loop(), "tcp status")
+
+    async def _tcp_status_loop(self) -> None:
+        interval = self.cfg.prefill.tcp_status_interval_s
+        marks: dict[int, TcpCounters] = {}  # by id(connection): the counters last reported
+        t_last = time.monotonic()
+        while True:
+            await asyncio.sleep(interval)
+            now = time.monotonic()
+            segs = retrans = 0
+            rto = 0.0
+            current = {}
+            for name in [i.name for i in self.cfg.of_role(Role.MAIN_DECODE)]:
+                peer = self.connected(name)
+                counters = peer.conn.tcp_counters() if peer is not None else None
+                if counters is None:
+                    continue
+                key = id(peer.conn)
+                current[key] = counters
+                last = marks.get(key, TcpCounters(0, 0, 0.0))
+                segs += counters.segs_out - last.segs_out
+                retrans += counters.total_retrans - last.total_retrans
+                rto = max(rto, counters.rto_s)
+            marks = current
+            if segs > 0 and self.router is not None:
+                data = {"kind": "tcp", "interval_s": now - t_last, "segs_out": segs,
+                        "retrans": retrans, "rto_s": rto}
+                await self.router.send(0, Report(Role.PREFILL, self.name, data))
+            t_last = now
 
     def active_requests(self) -> int:
         return len(self.jobs)

@@ -56,6 +56,7 @@ from testbed.pdd.wire.protocol import (Cancel, Done, Error, ErrorCode, FinishRea
 from testbed.pdd.roles.routing import (InflightPrefixes, PrefixMirror, RldBudget, RouteInputs,
                                  choose_pipeline)
 from testbed.pdd.roles.local_model import LocalPathModel
+from testbed.pdd.roles.wan_loss import LossMeter
 from testbed.pdd.roles.wan_model import WanModel
 from testbed.pdd.wire.transport import ConnectionClosed, Transport
 
@@ -109,6 +110,8 @@ class RouterNode(RoleServer):
                             recovery_half_life_s=rc.wan_recovery_half_life_s,
                             quantum_bytes=cfg.prefill.kv_chunk_tokens * cfg.timing.token_scale
                             * cfg.timing.kv_bytes_per_token)
+        self.loss = LossMeter(rc.lossy_wan_window_s, rc.lossy_wan_min_segments)
+        self.wan_rto_s = 0.0  # P's largest retransmission timeout in its last TCP status
         self.local = LocalPathModel(rc.local_gbit)
         self.rld_budget = RldBudget.of(cfg.timing.cost(Role.RELAY_DECODE), rc,
                                        cfg.model.max_context)
@@ -206,6 +209,8 @@ class RouterNode(RoleServer):
             self.wan.add_rtt_sample(now, now - self._pings.pop(msg.nonce))
         elif isinstance(msg, Report) and rid == 0 and peer.role == Role.MAIN_DECODE:
             self._on_wan_status(peer.name, msg.data)
+        elif isinstance(msg, Report) and rid == 0 and peer.role == Role.PREFILL:
+            self._on_tcp_status(msg.data)
         elif isinstance(msg, HealthAck) or 0 < rid <= self._rid_high:
             pass  # a late answer to a forgotten probe, or a late frame of an ended request
         else:
@@ -228,6 +233,14 @@ class RouterNode(RoleServer):
         for rid, t_done in data.get("kv_done", {}).items():
             self._transfer_over(int(rid))
             self.wan.kv_done(int(rid), float(t_done))
+
+    def _on_tcp_status(self, data: dict) -> None:
+        """P's TCP status: segments its connections to MD sent and retransmitted."""
+        try:
+            self.loss.add(time.monotonic(), int(data["segs_out"]), int(data["retrans"]))
+            self.wan_rto_s = float(data.get("rto_s", 0.0))
+        except (KeyError, TypeError, ValueError) as err:
+            log.warning("%s: bad TCP status %r: %s", self.name, data, err)
 
     def active_requests(self) -> int:
         return len(self.requests)
@@ -301,11 +314,13 @@ class RouterNode(RoleServer):
         step = timing.cost(Role.RELAY_DECODE).decode_step_s(active + 1, (active + 1) * n)
         rld_decode_s = req.max_output_tokens * step * timing.time_scale
         margin = self.wan.margin_s(now, pred.wan_s)  # scaled to this request's size
+        retrans_share = self.loss.share(now)
         d = choose_pipeline(cfg.mode, cfg.router, timing,
                             RouteInputs(n, req.max_output_tokens, pred.wan_s, rld_decode_s, room,
                                         warmup=bool(req.metadata.get("warmup")),
                                         wan_margin_s=margin, md_live=md is not None,
-                                        local_s=local_s, late_wan_s=late.wan_s))
+                                        local_s=local_s, late_wan_s=late.wan_s,
+                                        wan_retrans_share=retrans_share))
         involved = {Role.PREFILL}
         if d.pipeline != Pipeline.P_MD:
             involved.add(Role.RELAY_DECODE)
@@ -329,6 +344,9 @@ class RouterNode(RoleServer):
                 "late_kv_wan_s": round(late.wan_s, 6),
                 "wan_gbit_recovered": round(late.capacity_gbit, 4),
                 "wan_margin_samples": self.wan.n_errors, "predicted_local_s": round(local_s, 6),
+                "wan_retrans_share": round(retrans_share, 6),
+                "wan_retrans_segments": self.loss.counts(now)[0],
+                "wan_rto_s": round(self.wan_rto_s, 6),
                 "local_backlog_bytes": int(self.local.backlog_bytes(now)),
                 "local_backlog_transfers": self.local.n_transfers,
                 "predicted_prefill_end_s": round(p_end, 6),

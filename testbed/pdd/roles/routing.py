@@ -24,7 +24,12 @@ Rule, per mode:
   1. anomalous filter (when on): modeled prompt >= ``anomalous_min_input_tokens``
      and max output < ``anomalous_max_output_tokens`` -> ``rld-only``
      (``p-md`` if RLD has no room);
-  2. what relaying gains < ``relay_threshold_s`` -> ``p-md``. The gain is
+  2. what relaying gains < ``relay_threshold_s`` -> ``p-md``, unless the WAN
+     is lossy (P's connections to MD retransmitted at least
+     ``lossy_wan_retrans_pct`` of their segments over ``lossy_wan_window_s``,
+     ``wan_loss.LossMeter``): then a short transfer goes on to steps 3-5 as a
+     long one would, because under loss its time is set by retransmission
+     timeouts the prediction cannot see (measured: ``wan_loss``). The gain is
      the predicted WAN time (prefill end -> KV at MD) plus the margin
      (``wan_margin_s``: a high quantile of recent near-threshold prediction
      errors, see ``wan_model``) minus the predicted local time (prefill end
@@ -79,6 +84,7 @@ class RouteInputs:
     local_s: float = 0.0  # predicted prefill end -> KV complete at RLD (local_model)
     late_wan_s: float | None = None  # the late-KV rule's WAN time (None: wan_s), predicted
     # on the capacity estimate returning toward the line (wan_model.recovered_gbit)
+    wan_retrans_share: float = 0.0  # P's retransmitted / sent segments to MD, recent (wan_loss)
 
 
 @dataclass(frozen=True)
@@ -136,21 +142,26 @@ def choose_pipeline(mode: Mode, cfg: RouterConfig, timing: TimingConfig,
             return RouteDecision(Pipeline.P_MD, f"anomalous, but {inp.rld_room}")
         return RouteDecision(Pipeline.RLD_ONLY, "anomalous: long input, short output")
     gain = inp.wan_s + inp.wan_margin_s - inp.local_s
-    if gain < cfg.relay_threshold_s:
+    lossy = (cfg.lossy_wan_retrans_pct > 0
+             and 100 * inp.wan_retrans_share >= cfg.lossy_wan_retrans_pct)
+    if gain < cfg.relay_threshold_s and not lossy:
         return RouteDecision(Pipeline.P_MD, f"short transfer: relaying gains {gain:.2f} s "
                                             f"({inp.wan_s:.2f} s + margin "
                                             f"{inp.wan_margin_s:.2f} s - local "
                                             f"{inp.local_s:.2f} s)")
+    why = (f"long transfer ({inp.wan_s:.2f} s)" if gain >= cfg.relay_threshold_s else
+           f"lossy WAN ({100 * inp.wan_retrans_share:.1f}% of segments retransmitted; "
+           f"relaying gains {gain:.2f} s as predicted)")
     if not guard:
-        return RouteDecision(Pipeline.RLD_ONLY, "long transfer: decode on RLD")
+        return RouteDecision(Pipeline.RLD_ONLY, f"{why}: decode on RLD")
     if inp.rld_room is not None:
-        return RouteDecision(Pipeline.P_MD, f"long transfer ({inp.wan_s:.2f} s), {inp.rld_room}")
+        return RouteDecision(Pipeline.P_MD, f"{why}, {inp.rld_room}")
     late_s = inp.wan_s if inp.late_wan_s is None else inp.late_wan_s
     if cfg.late_kv_local and late_s >= inp.rld_decode_s:
         return RouteDecision(Pipeline.RLD_ONLY,
                              f"KV would reach MD ({late_s:.2f} s) after RLD's last token "
                              f"({inp.rld_decode_s:.2f} s): no WAN transfer")
-    return RouteDecision(Pipeline.P_RLD_MD, f"long transfer ({inp.wan_s:.2f} s): relay")
+    return RouteDecision(Pipeline.P_RLD_MD, f"{why}: relay")
 
 
 class PrefixMirror:

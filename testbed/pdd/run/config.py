@@ -110,6 +110,9 @@ class PrefillConfig:
     kv_chunk_tokens: int = _f(64, "tokens of KV per KV_CHUNK frame", lo=1)
     layerwise_local: bool = _f(True, "the local (RDMA) path to RLD streams the KV while the "
                                "prefill runs, as layers complete; the WAN path starts after")
+    tcp_status_interval_s: float = _f(0.1, "how often P tells the router the TCP segments "
+                                      "its connections to MD sent and retransmitted (the "
+                                      "router's measure of WAN loss)", lo=0.005)
 
 
 @dataclass(frozen=True)
@@ -144,6 +147,16 @@ class RouterConfig:
     relay_margin_window_s: float = _f(10.0, "pdd: the margin's errors are those of transfers "
                                       "whose KV reached MD at most this long ago (a fault's "
                                       "errors stop counting this long after it)", lo=0.1)
+    lossy_wan_retrans_pct: float = _f(1.0, "pdd: while P's connections to MD retransmitted at "
+                                      "least this share of their segments (percent) over "
+                                      "lossy_wan_window_s, the short-transfer test is "
+                                      "skipped: under random loss a transfer's time is set "
+                                      "by retransmission timeouts no rate estimate predicts, "
+                                      "so every request RLD has room for is relayed; "
+                                      "0: off", lo=0.0, hi=100.0)
+    lossy_wan_window_s: float = _f(5.0, "pdd: the window of lossy_wan_retrans_pct", lo=0.1)
+    lossy_wan_min_segments: int = _f(200, "pdd: fewer segments sent in the window measure "
+                                     "no loss share (the share is 0)", lo=1)
     rld_max_active: int = _f(0, "pdd: RLD takes at most this many requests; 0: only the "
                              "cost model's budget (batch and KV memory)", lo=0)
     rld_step_budget_ms: float = _f(50.0, "RLD's batch is capped where its modeled decode step "

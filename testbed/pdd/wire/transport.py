@@ -25,6 +25,7 @@ import asyncio
 import dataclasses
 import logging
 import socket
+import struct
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -47,6 +48,40 @@ DECODE_BATCH_FRAMES = 64
 
 class ConnectionClosed(TestbedError):
     """The connection is closed (by this side or the peer); no more frames."""
+
+
+@dataclass(frozen=True)
+class TcpCounters:
+    """A TCP connection's sending-side counters (Linux ``struct tcp_info``), cumulative
+    since the connection opened: ``segs_out`` segments sent (retransmissions included),
+    ``total_retrans`` of them retransmitted; ``rto_s`` the current retransmission timeout."""
+
+    segs_out: int
+    total_retrans: int
+    rto_s: float
+
+
+TCP_INFO_BYTES = 144  # through tcpi_segs_in (Linux >= 4.2)
+
+
+def parse_tcp_info(buf: bytes) -> TcpCounters:
+    """``TcpCounters`` from the bytes of ``getsockopt(IPPROTO_TCP, TCP_INFO)``: tcpi_rto
+    (us) at offset 8, tcpi_total_retrans at 100, tcpi_segs_out at 136 (include/uapi/linux/
+    tcp.h). ValueError if ``buf`` is too short (a kernel older than 4.2).
+
+    >>> import struct
+    >>> b = bytearray(TCP_INFO_BYTES)
+    >>> struct.pack_into("I", b, 8, 204000); struct.pack_into("I", b, 100, 7)
+    >>> struct.pack_into("I", b, 136, 900)
+    >>> parse_tcp_info(bytes(b))
+    TcpCounters(segs_out=900, total_retrans=7, rto_s=0.204)
+    """
+    if len(buf) < TCP_INFO_BYTES:
+        raise ValueError(f"TCP_INFO of {len(buf)} bytes, {TCP_INFO_BYTES} needed")
+    rto_us, = struct.unpack_from("I", buf, 8)
+    retrans, = struct.unpack_from("I", buf, 100)
+    segs_out, = struct.unpack_from("I", buf, 136)
+    return TcpCounters(segs_out, retrans, rto_us / 1e6)
 
 
 class Connection(abc.ABC):
@@ -104,6 +139,11 @@ class Connection(abc.ABC):
             except OSError as err:
                 raise ConnectionClosed(f"sending to {self.peer}: {err}") from err
             self.bytes_sent += sum(len(p) for p in parts) + filler
+
+    def tcp_counters(self) -> TcpCounters | None:
+        """The kernel's counters of this connection's sending side; None where the backend
+        is not TCP (the in-process transport) or the socket is gone."""
+        return None
 
     def expect_first(self, types: frozenset[MsgType]) -> None:
         """The first frame received must be of one of ``types`` (call before any recv)."""
@@ -328,6 +368,16 @@ class TcpConnection(Connection):
     def sock(self) -> socket.socket:
         """The socket, for inspection only (``getsockopt``: buffer sizes, TCP_INFO)."""
         return self._transport.get_extra_info("socket")
+
+    def tcp_counters(self) -> TcpCounters | None:
+        sock = self.sock
+        if sock is None or sock.fileno() < 0:
+            return None
+        try:
+            return parse_tcp_info(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO,
+                                                  TCP_INFO_BYTES))
+        except (OSError, ValueError):
+            return None
 
     async def _write(self, parts: list[Buffer], filler: int) -> None:
         if self._transport.is_closing():
