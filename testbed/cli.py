@@ -8,7 +8,9 @@ into a deployment; each subcommand imports what it runs inside itself, so
 Exit codes: 0 success; 1 a check or expectation failed (calibrate out of
 tolerance, a fuzzed reader raised something other than SpecError); 2 bad
 input (SpecError), a failed emulation, or missing privileges/tools; 130
-interrupted (Ctrl-C); 143 terminated (SIGTERM/SIGHUP; teardown ran).
+interrupted (Ctrl-C or SIGINT, also when started in the background by a
+script, whose shell hands it SIGINT ignored); 143 terminated (SIGTERM/SIGHUP;
+teardown ran).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import sys
 from contextlib import contextmanager
 
@@ -711,7 +714,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def own_sigint() -> None:
+    """SIGINT raises KeyboardInterrupt, whatever the parent set: a non-interactive shell
+    starts a background job (``testbed serve ... &``) with SIGINT ignored, and Python
+    keeps an ignored SIGINT ignored, so Ctrl-C and ``kill -INT`` would leave it serving."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def main(argv: list[str] | None = None) -> int:
+    own_sigint()
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")

@@ -143,7 +143,8 @@ def judge(record: Mapping, est: Mapping, relay_threshold_s: float) -> dict | Non
             "reversed": bool(reversed_), "cost_s": round(cost if reversed_ else 0.0, 4),
             "inputs": {key: router.get(key) for key in
                        ("predicted_wan_s", "wan_margin_s", "predicted_local_s",
-                        "wan_gbit", "wan_backlog_bytes", "late_kv_wan_s")}
+                        "wan_gbit", "wan_backlog_bytes", "late_kv_wan_s",
+                        "wan_retrans_share")}
             | {"actual_wan_s": (record.get("kv_at_md") or {}).get("actual_wan_s"),
                "relay_overhead_ms": record.get("relay_overhead_ms")}}
 
