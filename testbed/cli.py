@@ -414,9 +414,7 @@ def _serve_plan(topology: str | None, scenario: str | None, mode: str, out, port
                             [m.name for m in sc.modes])
         topo, pdd, workload = sc.topology, run.pdd, run.workload
         workload_dir = Path(sc.file).parent
-        seed = sc.seed if seed is None else seed
-        scale = sc.scale if scale is None else scale
-        backend = sc.backend if backend == "auto" else backend
+        seed, scale, backend = sc.overridden(seed, scale, None if backend == "auto" else backend)
     else:
         from testbed.spec.topology import load_topology
 

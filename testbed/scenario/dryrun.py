@@ -28,9 +28,9 @@ def _backend(name: str | None) -> tuple[Backend, str]:
 def describe(sc, opts) -> str:
     from testbed.workload import build_workload
 
-    backend, how = _backend(opts.backend or sc.backend)
-    plan = make_plan(sc.topology, backend, opts.scale or sc.scale, opts.seed or sc.seed,
-                     prefix="tb0000")
+    seed, scale, backend_name = sc.overridden(opts.seed, opts.scale, opts.backend)
+    backend, how = _backend(backend_name)
+    plan = make_plan(sc.topology, backend, scale, seed, prefix="tb0000")
     wl = build_workload(sc.workload, Path(sc.file).parent)
     st = wl.stats
     wan = sc.topology.wan

@@ -191,10 +191,9 @@ def run_scenario(sc: Scenario, opts: RunOptions) -> dict:
 
     if opts.engine is not None:
         sc = with_engine(sc, opts.engine)
-    seed = sc.seed if opts.seed is None else opts.seed
-    backend_name = opts.backend or sc.backend
+    seed, scale, backend_name = sc.overridden(opts.seed, opts.scale, opts.backend)
     backend, _ = probe_backend(None if backend_name == "auto" else Backend(backend_name))
-    plan_args = {"backend": backend, "scale": opts.scale or sc.scale, "seed": seed}
+    plan_args = {"backend": backend, "scale": scale, "seed": seed}
     scale = make_plan(sc.topology, **plan_args).scale
     plan_args["scale"] = scale
     workload = build_workload(sc.workload, Path(sc.file).parent)  # the shared one, for metadata

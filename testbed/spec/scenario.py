@@ -124,6 +124,14 @@ class Scenario:
     fidelity: str = "report"
     extra: dict = field(default_factory=dict, compare=False)
 
+    def overridden(self, seed: int | None = None, scale: float | None = None,
+                   backend: str | None = None) -> tuple[int, float | None, str]:
+        """The (seed, scale, backend) a run of this scenario uses: each value given (a
+        command-line option; None: not given) over the scenario's, so ``--seed 0`` is 0.
+        The one resolution ``run``, ``run --dry-run`` and ``serve`` share."""
+        return (self.seed if seed is None else seed, self.scale if scale is None else scale,
+                self.backend if backend is None else backend)
+
 
 def _parse_pdd(f: Fields | None, d: PddSettings = PddSettings()) -> PddSettings:
     if f is None:

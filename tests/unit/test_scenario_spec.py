@@ -366,3 +366,30 @@ def test_a_modes_own_request_timeout_sets_its_run_deadline():
     sc = parse_scenario(data, FILE)
     assert [run_deadline_s(sc, m, 92.0) for m in sc.modes] == [
         92 + 30 + 120, 92 + 30 + 120, 92 + 30 + 300]
+
+
+def test_command_line_values_override_the_scenarios_and_zero_is_a_value():
+    sc = parse_scenario({**copy.deepcopy(BASE), "seed": 7, "scale": 25}, FILE)
+    assert sc.overridden() == (7, 25, "auto")
+    assert sc.overridden(seed=0, scale=10, backend="userspace") == (0, 10, "userspace")
+
+
+def test_the_dry_run_plans_with_seed_zero_when_given_zero(monkeypatch):
+    """`testbed run --dry-run --seed 0` plans with seed 0, as the run itself does."""
+    from testbed.scenario import dryrun
+    from testbed.scenario.runner import RunOptions
+
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def fake_plan(topology, backend, scale, seed, prefix):
+        seen.append((scale, seed))
+        raise Stop
+
+    monkeypatch.setattr(dryrun, "make_plan", fake_plan)
+    sc = parse_scenario({**copy.deepcopy(BASE), "seed": 7}, FILE)
+    with pytest.raises(Stop):
+        dryrun.describe(sc, RunOptions(Path("x"), seed=0, backend="userspace"))
+    assert seen == [(None, 0)]
