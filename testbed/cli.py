@@ -71,7 +71,14 @@ def cmd_validate(args) -> int:
         elif isinstance(data, dict) and "workload" in data:
             from testbed.spec.scenario import parse_scenario
 
+            from testbed.scenario.policies import check_policies
+
             sc = parse_scenario(data, path)
+            problems = check_policies(sc)
+            if problems:
+                for err in problems:
+                    print(f"testbed: invalid input: {err}", file=sys.stderr)
+                return 2
             print(f"{path}: scenario {sc.name!r} ok: modes "
                   f"{', '.join(m.value for m in sc.modes)}; {len(sc.faults)} faults, "
                   f"{len(sc.expectations)} expectations")
@@ -174,7 +181,11 @@ def cmd_run(args) -> int:
     opts = _run_options(args, out, args.dry_run)
     if args.dry_run:
         from testbed.scenario.dryrun import describe
+        from testbed.scenario.policies import check_policies
         from testbed.spec.scenario import with_engine
+
+        if problems := check_policies(sc):  # run_scenario checks them too
+            raise problems[0]
 
         print(describe(sc if opts.engine is None else with_engine(sc, opts.engine), opts))
         return 0

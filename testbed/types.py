@@ -24,6 +24,12 @@ class Mode(enum.Enum):
     P_RLD = "p-rld"  # excluded design: low-hit requests rld-only, the rest p-md
 
 
+# the router's built-in policies (testbed/pdd/policy/): the four modes' rules and three
+# alternatives; a scenario's mode may name one, or a user's `path.py:Name`
+POLICIES = ("pdd", "cross-dc-pd", "same-dc-pd", "p-rld", "always-relay", "never-relay",
+            "prompt-threshold")
+
+
 class Pipeline(enum.Enum):
     P_MD = "p-md"
     P_RLD_MD = "p-rld-md"

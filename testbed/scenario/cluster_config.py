@@ -64,7 +64,9 @@ def cluster_dict_for(topo: Topology, scale: float, mode_run, settings: dict,
                    "anomalous_max_output_tokens": pdd.anomalous_max_output_tokens,
                    "wan_prior_gbit": topo.wan.a_to_b.rate_gbit,
                    "wan_rtt_s": topo.wan.rtt_ms / 1000.0,
-                   "local_gbit": local_gbit(topo)},
+                   "local_gbit": local_gbit(topo),
+                   **({"policy": mode_run.policy, "policy_params": dict(mode_run.params)}
+                      if getattr(mode_run, "policy", "") else {})},
         "client": {"request_timeout_s": pdd.request_timeout_s},
         **({} if pdd.drc else {"main": {"drc_capacity_tokens": 0}}),  # 0: MD reuses nothing
         **settings,

@@ -30,6 +30,7 @@ from testbed.net.calibrate import parse_ping
 from testbed.net.events import EventLog
 from testbed.scenario.faults import Action, actions_for
 from testbed.scenario.metadata import write_metadata
+from testbed.scenario.policies import check_policies
 from testbed.scenario.sampler import SAMPLE_EVERY_S, LinkSampler, RttProbe
 from testbed.scenario.status import Status
 from testbed.spec.scenario import ModeRun, Scenario, with_engine
@@ -191,6 +192,8 @@ def run_scenario(sc: Scenario, opts: RunOptions) -> dict:
 
     if opts.engine is not None:
         sc = with_engine(sc, opts.engine)
+    if problems := check_policies(sc):  # before any network exists
+        raise problems[0]
     seed, scale, backend_name = sc.overridden(opts.seed, opts.scale, opts.backend)
     backend, _ = probe_backend(None if backend_name == "auto" else Backend(backend_name))
     plan_args = {"backend": backend, "scale": scale, "seed": seed}

@@ -25,7 +25,7 @@ from testbed.reader import Fields, is_file, load_yaml
 from testbed.spec.topology import Topology, load_topology
 from testbed.types import PDD_DEFAULTS as _D
 from testbed.workload import parse_workload
-from testbed.types import ENGINES, SCENARIO_SLA, HandoffMode, Mode, Sla
+from testbed.types import ENGINES, POLICIES, SCENARIO_SLA, HandoffMode, Mode, Sla
 
 
 # The summary.json metrics an expectation may bound (docs/run-directory.md).
@@ -94,6 +94,10 @@ class ModeRun:
     mode: Mode
     pdd: PddSettings
     workload: object            # testbed.workload.WorkloadSpec
+    # the router's policy: "" (the mode's own), a built-in (types.POLICIES) or
+    # `path.py:Name` (relative to the scenario file), and its parameters
+    policy: str = ""
+    params: dict = field(default_factory=dict, compare=False)
 
     @property
     def value(self) -> str:     # reads like Mode.value where a name is shown
@@ -266,21 +270,37 @@ def _merge(base: object, over: object) -> object:
 
 def _parse_modes(f: Fields, pdd: PddSettings, workload_raw: object,
                  workload: object) -> tuple[ModeRun, ...]:
-    """``modes``: names of modes, or variants {name, mode, pdd: {...}, workload: {...}}."""
+    """``modes``: names of modes or built-in policies, or variants {name, mode, policy,
+    params, pdd: {...}, workload: {...}}. A policy that is not a mode runs in mode pdd
+    (every role, the router's models) unless ``mode`` says otherwise; whether a policy
+    file loads and takes its params is checked by ``testbed.scenario.policies``."""
 
     mode_vals = tuple(m.value for m in Mode)
     out: list[ModeRun] = []
     for i, item in enumerate(f.list("modes", min_len=1)):
         where = f"{f.where('modes')}[{i}]"
         if isinstance(item, str):
-            if item not in mode_vals:
-                raise SpecError(f.file, where, "one of " + ", ".join(mode_vals), item)
-            run = ModeRun(item, Mode(item), pdd, workload)
+            if item not in POLICIES:
+                raise SpecError(f.file, where, "one of " + ", ".join(POLICIES) + " (or a "
+                                "mapping with name and mode or policy)", item)
+            mode = Mode(item) if item in mode_vals else Mode.PDD
+            run = ModeRun(item, mode, pdd, workload, "" if item in mode_vals else item)
         else:
             v = Fields(item, f.file, f"modes[{i}]")
             name = v.str("name", check=lambda s: None if NAME_RE.match(s)
                          else "a folder-safe name of letters, digits and dashes")
-            mode = Mode(v.choice("mode", mode_vals))
+            policy = _resolve_policy(v.str("policy", "", check=_policy_problem), f.file)
+            if policy and not v.has("mode"):
+                mode = Mode(policy) if policy in mode_vals else Mode.PDD
+            else:
+                mode = Mode(v.choice("mode", mode_vals))
+            params = v.raw("params", {})
+            if not isinstance(params, dict):
+                raise SpecError(f.file, f"modes[{i}].params", "a mapping of parameter names "
+                                "to values", params)
+            if params and not policy:
+                raise SpecError(f.file, f"modes[{i}].params", "params only with a policy",
+                                params)
             mpdd = _parse_pdd(v.sub("pdd", None), pdd)
             wl = workload
             if v.has("workload"):
@@ -288,11 +308,28 @@ def _parse_modes(f: Fields, pdd: PddSettings, workload_raw: object,
                 wl = parse_workload(Fields(merged, f.file, f"modes[{i}].workload"))
                 _check_context(f.file, f"modes[{i}].workload", wl)
             v.done()
-            run = ModeRun(name, mode, mpdd, wl)
+            run = ModeRun(name, mode, mpdd, wl, policy, dict(params))
         if run.name in [m.name for m in out]:
             raise SpecError(f.file, where, "a mode name not listed before", run.name)
         out.append(run)
     return tuple(out)
+
+
+def _resolve_policy(spec: str, file: str) -> str:
+    """A file policy's path made absolute (relative to the scenario file), so the role
+    processes find it from any working directory; a built-in name as it is."""
+    path, sep, name = spec.rpartition(":")
+    if not sep or spec in POLICIES or Path(path).is_absolute():
+        return spec
+    return f"{Path(file).resolve().parent / path}:{name}"
+
+
+def _policy_problem(spec: str) -> str | None:
+    """None if ``spec`` names a built-in policy or has the form path.py:Name."""
+    path, sep, name = spec.rpartition(":")
+    if spec in POLICIES or (sep and path.endswith(".py") and name.isidentifier()):
+        return None
+    return "a built-in policy (" + ", ".join(POLICIES) + ") or path/to/file.py:Name"
 
 
 def _parse_sla(f: Fields | None) -> Sla:

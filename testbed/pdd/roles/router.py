@@ -12,7 +12,8 @@ sends TOKENS, DONE, ERROR and REPORT back on it). Per request:
    prefix mirrors; P's expected prefill end (its FIFO queue, modeled
    prefill times); the WAN time predicted by ``wan_model.WanModel`` for
    what MD lacks, behind the KV already committed to the WAN; RLD's room
-   (``routing.RldBudget``); ``routing.choose_pipeline`` picks the pipeline.
+   (``routing.RldBudget``); the policy (``router.policy``, by default the
+   mode's own: ``testbed/pdd/policy/``) picks the pipeline.
    The router REPORTs the decision with every input and the prediction to
    the client (the decision record: ``pipeline``, ``reason``, ``t_route``,
    ``predicted_wan_s``, ``predicted_kv_at_md_s``, backlog, capacity, RTT,
@@ -53,14 +54,20 @@ from testbed.pdd.run.config import ClusterConfig, Mode, Pipeline
 from testbed.pdd.roles.peers import Peer, RoleServer
 from testbed.pdd.wire.protocol import (Cancel, Done, Error, ErrorCode, FinishReason, Frame, Handoff,
                                   Health, HealthAck, Report, Request, Role, Tokens)
-from testbed.pdd.roles.routing import (InflightPrefixes, PrefixMirror, RldBudget, RouteInputs,
-                                 choose_pipeline)
+from testbed.pdd.policy import (POLICY_BUDGET_S, Candidates, DecoderCandidate, PCandidate,
+                                RouteDecision, RouteInputs, default_placement, load_policy)
+from testbed.pdd.roles.routing import InflightPrefixes, PrefixMirror, RldBudget
 from testbed.pdd.roles.local_model import LocalPathModel
 from testbed.pdd.roles.wan_loss import LossMeter
 from testbed.pdd.roles.wan_model import WanModel
 from testbed.pdd.wire.transport import ConnectionClosed, Transport
 
 log = logging.getLogger(__name__)
+
+
+class PolicyFailure(Exception):
+    """The routing policy raised, or answered something the router cannot use: that
+    request fails with this message; the router serves on."""
 
 RECOVERY_BATCH = 1000  # batch number of the router's HANDOFF after RLD loss
 _ROLES = (Role.PREFILL, Role.RELAY_DECODE, Role.MAIN_DECODE)
@@ -110,6 +117,9 @@ class RouterNode(RoleServer):
                             recovery_half_life_s=rc.wan_recovery_half_life_s,
                             quantum_bytes=cfg.prefill.kv_chunk_tokens * cfg.timing.token_scale
                             * cfg.timing.kv_bytes_per_token)
+        self.policy_name = rc.policy or cfg.mode.value
+        self.policy = load_policy(self.policy_name, rc.policy_params, field="router.policy")
+        self.policy_errors = self.policy_slow = 0
         self.loss = LossMeter(rc.lossy_wan_window_s, rc.lossy_wan_min_segments)
         self.wan_rto_s = 0.0  # P's largest retransmission timeout in its last TCP status
         self.local = LocalPathModel(rc.local_gbit)
@@ -155,37 +165,62 @@ class RouterNode(RoleServer):
     def _live(self, role: Role) -> list[str]:
         return [i.name for i in self.cfg.of_role(role) if i.name not in self.dead]
 
-    def _choose(self, prompt: Sequence[int]) -> dict[Role, str | None]:
-        """The instances of a new request (every mode alike, so modes compare on one
-        placement): the P whose prefill would end first (its queue's predicted end plus
-        the prefill of what its prefix cache lacks: a high-hit request stays with the P
-        that holds its prefix, a low-hit one goes where the queue is short), then the one
-        holding more of the prompt; the MD whose DRC holds (or is receiving) most of it,
-        then the least loaded; the least loaded RLD. With one instance of each, that one."""
+    def _choose(self, prompt: Sequence[int],
+                use_policy: bool = True) -> dict[Role, str | None]:
+        """The instances of a new request: the policy's ``place`` if it has one and
+        answers, else the router's placement (``policy.default_placement``, every
+        built-in's, so modes compare on one placement: the P whose prefill would end
+        first, a high-hit request staying with the P that holds its prefix, a low-hit one
+        going where the queue is short; the MD whose DRC holds or is receiving most of
+        the prompt, then the least loaded; the least loaded RLD). A re-served request
+        (``use_policy`` False) takes the router's placement. Raises PolicyFailure when
+        the policy raises or names an instance that is not a live candidate."""
+        c = self._candidates(prompt)
+        placement = None
+        place = getattr(self.policy, "place", None) if use_policy else None
+        if place is not None:
+            try:
+                placement = place(c)
+            except Exception as err:  # a user's policy: whatever it raises fails this request
+                raise PolicyFailure(f"policy error in place: {type(err).__name__}: {err}") \
+                    from None
+        if placement is None:
+            placement = default_placement(c)
+        out = {Role.PREFILL: getattr(placement, "p", None),
+               Role.RELAY_DECODE: getattr(placement, "rld", None),
+               Role.MAIN_DECODE: getattr(placement, "md", None)}
+        for role, pool in ((Role.PREFILL, c.p), (Role.RELAY_DECODE, c.rld),
+                           (Role.MAIN_DECODE, c.md)):
+            if out[role] is not None and out[role] not in [x.name for x in pool]:
+                raise PolicyFailure(f"policy error in place: {out[role]!r} is not a live "
+                                    f"{role.name} instance")
+        return out
+
+    def _candidates(self, prompt: Sequence[int]) -> Candidates:
         now, timing = time.monotonic(), self.cfg.timing
         p_live, rld_live, md_live = (self._live(r) for r in _ROLES)
         cost, n = timing.cost(Role.PREFILL), len(prompt)
-
-        def p_key(name: str) -> tuple:
+        ps = []
+        for name in p_live:
             hit = self._p_mirror(name).hit(prompt)
             end = max(now, self.p_free_at.get(name, now)) \
                 + cost.prefill_s(n - hit, hit) * timing.time_scale
-            return (round(end, 6), -hit, name)
+            ps.append(PCandidate(name, end, hit))
+        load = self._md_load()
+        mds = [DecoderCandidate(m, load.get(m, 0),
+                                max(self._md_mirror(m).hit(prompt),
+                                    self.md_inflight.longest(m, prompt)[0])) for m in md_live]
+        rlds = [DecoderCandidate(x, self.rld_active.get(x, 0)) for x in rld_live]
+        return Candidates(n, ps, rlds, mds)
 
-        p = min(p_live, default=None, key=p_key)
+    def _md_load(self) -> dict[str, int]:
+        """Live requests per MD instance."""
         load: dict[str, int] = {}
         for r in self.requests.values():
             md_of = r.names.get(Role.MAIN_DECODE)
             if md_of is not None and not r.terminal:
                 load[md_of] = load.get(md_of, 0) + 1
-
-        def md_key(n: str) -> tuple:
-            held = max(self._md_mirror(n).hit(prompt), self.md_inflight.longest(n, prompt)[0])
-            return (-held, load.get(n, 0), n)
-
-        md = min(md_live, default=None, key=md_key)
-        rld = min(rld_live, default=None, key=lambda n: (self.rld_active.get(n, 0), n))
-        return {Role.PREFILL: p, Role.RELAY_DECODE: rld, Role.MAIN_DECODE: md}
+        return load
 
     def _p_mirror(self, p: str) -> PrefixMirror:
         if p not in self.p_mirrors:
@@ -255,8 +290,15 @@ class RouterNode(RoleServer):
         await super().reject_request(peer, rid, why, code)
 
     async def _route(self, client: Peer, client_rid: int, req: Request) -> None:
-        names = self._choose(req.prompt_token_ids)
-        r, info = self._decide(client, client_rid, req, names)
+        try:
+            names = self._choose(req.prompt_token_ids)
+            r, info = self._decide(client, client_rid, req, names)
+        except PolicyFailure as err:
+            self.policy_errors += 1
+            if self.policy_errors <= 20:
+                log.warning("%s: %s", self.name, err)
+            await self.reject_request(client, client_rid, str(err), ErrorCode.INTERNAL)
+            return
         r.request = req
         self.requests[r.rid] = r
         self._by_client[(id(client), client_rid)] = r
@@ -315,12 +357,13 @@ class RouterNode(RoleServer):
         rld_decode_s = req.max_output_tokens * step * timing.time_scale
         margin = self.wan.margin_s(now, pred.wan_s)  # scaled to this request's size
         retrans_share = self.loss.share(now)
-        d = choose_pipeline(cfg.mode, cfg.router, timing,
-                            RouteInputs(n, req.max_output_tokens, pred.wan_s, rld_decode_s, room,
-                                        warmup=bool(req.metadata.get("warmup")),
-                                        wan_margin_s=margin, md_live=md is not None,
-                                        local_s=local_s, late_wan_s=late.wan_s,
-                                        wan_retrans_share=retrans_share))
+        inputs = RouteInputs(n, req.max_output_tokens, pred.wan_s, rld_decode_s, room,
+                             warmup=bool(req.metadata.get("warmup")), wan_margin_s=margin,
+                             md_live=md is not None, local_s=local_s, late_wan_s=late.wan_s,
+                             wan_retrans_share=retrans_share, p_hit_tokens=hit,
+                             md_hit_tokens=md_hit, rld_active=active,
+                             md_active=self._md_load().get(md, 0) if md else 0)
+        d, policy_s = self._policy_decide(inputs)
         involved = {Role.PREFILL}
         if d.pipeline != Pipeline.P_MD:
             involved.add(Role.RELAY_DECODE)
@@ -345,6 +388,7 @@ class RouterNode(RoleServer):
                 "wan_gbit_recovered": round(late.capacity_gbit, 4),
                 "wan_margin_samples": self.wan.n_errors, "predicted_local_s": round(local_s, 6),
                 "wan_retrans_share": round(retrans_share, 6),
+                "policy": self.policy_name, "policy_us": round(policy_s * 1e6, 1),
                 "wan_retrans_segments": self.loss.counts(now)[0],
                 "wan_rto_s": round(self.wan_rto_s, 6),
                 "local_backlog_bytes": int(self.local.backlog_bytes(now)),
@@ -361,6 +405,25 @@ class RouterNode(RoleServer):
                 "instances": {role.name: names[role] for role in sorted(involved,
                                                                         key=lambda x: x.name)}}
         return r, info
+
+    def _policy_decide(self, inputs: RouteInputs) -> tuple[RouteDecision, float]:
+        """The policy's decision and the time it took; PolicyFailure if it raises or
+        answers something that is not a RouteDecision with a Pipeline."""
+        t0 = time.perf_counter()
+        try:
+            d = self.policy.decide(inputs, self.cfg.router, self.cfg.timing)
+        except Exception as err:  # a user's policy: whatever it raises fails this request
+            raise PolicyFailure(f"policy error: {type(err).__name__}: {err}") from None
+        took = time.perf_counter() - t0
+        if not isinstance(getattr(d, "pipeline", None), Pipeline):
+            raise PolicyFailure(f"policy error: decide returned {d!r}, not a RouteDecision")
+        if took > POLICY_BUDGET_S:
+            self.policy_slow += 1
+            if self.policy_slow <= 20 or self.policy_slow % 100 == 0:
+                log.warning("%s: policy %s took %.1f ms for one decision (budget %.1f ms; "
+                            "%d so far)", self.name, self.policy_name, took * 1e3,
+                            POLICY_BUDGET_S * 1e3, self.policy_slow)
+        return RouteDecision(d.pipeline, str(d.reason)), took
 
     def _transfer_over(self, rid: int) -> None:
         """Request ``rid``'s KV is at MD, or will not be: out of the backlog."""
@@ -488,7 +551,7 @@ class RouterNode(RoleServer):
                 await peer.send(r.rid, Cancel())
         self._retire(r)
         prompt = tuple(req.prompt_token_ids) + tuple(r.delivered)
-        p = self._choose(prompt)[Role.PREFILL]
+        p = self._choose(prompt, use_policy=False)[Role.PREFILL]
         decoder = Role.RELAY_DECODE if pipeline == Pipeline.RLD_ONLY else Role.MAIN_DECODE
         first = r.pipeline.value if not r.reserves else r.first_pipeline
         r.rid, r.offset, r.reserves, r.first_pipeline = self._new_rid(), d, r.reserves + 1, first
@@ -520,7 +583,8 @@ class RouterNode(RoleServer):
             return None, Pipeline.P_MD, f"{self.cfg.mode.value} has one decoder only"
         if r.request is None or not self._live(Role.PREFILL):
             return None, Pipeline.P_MD, "no live PREFILL"
-        chosen = self._choose(tuple(r.request.prompt_token_ids) + tuple(r.delivered))
+        chosen = self._choose(tuple(r.request.prompt_token_ids) + tuple(r.delivered),
+                              use_policy=False)
         if lost == Role.RELAY_DECODE:
             md = chosen[Role.MAIN_DECODE]
             return md, Pipeline.P_MD, None if md else "no live MAIN_DECODE"

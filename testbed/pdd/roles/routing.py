@@ -1,6 +1,8 @@
-"""The router's per-request pipeline decision, as pure functions (no I/O).
+"""The router's per-request decision helpers, as pure functions (no I/O).
 
-Owns ``choose_pipeline`` (the rule of docs/pdd-roles.md), ``InflightPrefixes``
+Owns ``choose_pipeline`` (a mode's built-in policy applied: the rules themselves,
+PDD's and the baselines', are ``testbed/pdd/policy/``, one module each; the rule in
+words: docs/pdd-roles.md, "Router rule"), ``InflightPrefixes``
 (which prompts' KV is on its way to each MD), ``RldBudget``
 (what RLD can hold: its decode batch and its KV memory, from the cost
 model of GPU_A) and ``PrefixMirror`` (the router's radix mirror of P's
@@ -11,45 +13,6 @@ over the WAN only what its DRC lacks, and the DRC falls behind P's cache
 whenever a request never reaches MD (anomalous, rld-only), so P's hit
 alone underestimates the transfer. The WAN time itself comes from
 ``wan_model.WanModel`` (capacity, RTT and the KV backlog ahead).
-
-Rule, per mode:
-
-- ``cross-dc-pd``: always ``p-md``; ``same-dc-pd``: always ``rld-only``.
-- no live MAIN_DECODE (``md_live`` false) -> ``rld-only`` if RLD has room
-  (else ``p-md``, which the router fails for want of MD) in every other mode.
-- a warm-up request (metadata ``warmup``; it puts a shared system prompt in
-  P's cache and MD's DRC before the measured requests) -> ``p-md`` in every
-  other mode.
-- ``pdd``: in order,
-  1. anomalous filter (when on): modeled prompt >= ``anomalous_min_input_tokens``
-     and max output < ``anomalous_max_output_tokens`` -> ``rld-only``
-     (``p-md`` if RLD has no room);
-  2. what relaying gains < ``relay_threshold_s`` -> ``p-md``, unless the WAN
-     is lossy (P's connections to MD retransmitted at least
-     ``lossy_wan_retrans_pct`` of their segments over ``lossy_wan_window_s``,
-     ``wan_loss.LossMeter``): then a short transfer goes on to steps 3-5 as a
-     long one would, because under loss its time is set by retransmission
-     timeouts the prediction cannot see (measured: ``wan_loss``). The gain is
-     the predicted WAN time (prefill end -> KV at MD) plus the margin
-     (``wan_margin_s``: a high quantile of recent near-threshold prediction
-     errors, see ``wan_model``) minus the predicted local time (prefill end
-     -> KV at RLD, ``local_s``, see ``local_model``: RLD has no prefix cache,
-     so the whole prompt crosses the local path, and a high-hit request's
-     local transfer takes as long as its WAN one);
-  3. RLD has no room (batch or KV memory of ``RldBudget``, or
-     ``rld_max_active``) -> ``p-md``: wait for the WAN rather than
-     overload RLD (the collapse the paper excludes P->RLD to avoid);
-  4. (``late_kv_local``, on by default) the KV would reach MD after RLD has
-     decoded every token (predicted WAN time >= ``max_out`` x RLD's step
-     time) -> ``rld-only``: relaying would decode it all on RLD anyway, so
-     the KV does not cross. This test's WAN time (``late_wan_s``) is
-     predicted on the capacity estimate returning toward the line rate
-     while no transfer measures it (``WanModel.recovered_gbit``): an
-     rld-only request sends nothing, so a stale low estimate would
-     otherwise never be corrected;
-  5. otherwise ``p-rld-md``.
-- ``p-rld``: the anomalous filter, then step 2, then ``rld-only`` with no
-  room check (the design the paper excludes because it overloads RLD).
 
 Example::
 
@@ -64,33 +27,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from testbed.pdd.run.config import Mode, Pipeline, RouterConfig, TimingConfig
+from testbed.pdd.policy import BUILTIN, RouteDecision, RouteInputs  # noqa: F401 (re-exported)
+from testbed.pdd.run.config import Mode, RouterConfig, TimingConfig
 from testbed.pdd.compute.costmodel import CostModel
 from testbed.pdd.compute.radix import RadixCache, common_prefix_of_keys, token_key
-
-
-@dataclass(frozen=True)
-class RouteInputs:
-    """What the router knows about a request when routing it."""
-
-    prompt_len: int
-    max_out: int
-    wan_s: float  # predicted prefill end -> KV complete at MD (wan_model)
-    rld_decode_s: float  # RLD's time to decode all max_out tokens (modeled, time-scaled)
-    rld_room: str | None  # None: RLD can take it; else why not
-    warmup: bool = False  # a warm-up request (client metadata)
-    wan_margin_s: float = 0.0  # what the threshold test adds to wan_s (WanModel.margin_s)
-    md_live: bool = True  # a MAIN_DECODE instance is up
-    local_s: float = 0.0  # predicted prefill end -> KV complete at RLD (local_model)
-    late_wan_s: float | None = None  # the late-KV rule's WAN time (None: wan_s), predicted
-    # on the capacity estimate returning toward the line (wan_model.recovered_gbit)
-    wan_retrans_share: float = 0.0  # P's retransmitted / sent segments to MD, recent (wan_loss)
-
-
-@dataclass(frozen=True)
-class RouteDecision:
-    pipeline: Pipeline
-    reason: str
 
 
 @dataclass(frozen=True)
@@ -123,45 +63,8 @@ class RldBudget:
 
 def choose_pipeline(mode: Mode, cfg: RouterConfig, timing: TimingConfig,
                     inp: RouteInputs) -> RouteDecision:
-    """The pipeline of one request (see the module docstring)."""
-    if mode == Mode.CROSS_DC_PD:
-        return RouteDecision(Pipeline.P_MD, "baseline: all p-md")
-    if mode == Mode.SAME_DC_PD:
-        return RouteDecision(Pipeline.RLD_ONLY, "baseline: all same-DC")
-    if not inp.md_live:
-        if inp.rld_room is None:
-            return RouteDecision(Pipeline.RLD_ONLY, "MAIN_DECODE down: decode on RLD")
-        return RouteDecision(Pipeline.P_MD, f"MAIN_DECODE down and {inp.rld_room}")
-    if inp.warmup:
-        return RouteDecision(Pipeline.P_MD, "warm-up: p-md fills P's cache and MD's DRC")
-    guard = mode == Mode.PDD
-    if (cfg.anomalous_filter and inp.prompt_len * timing.token_scale
-            >= cfg.anomalous_min_input_tokens
-            and inp.max_out < cfg.anomalous_max_output_tokens):
-        if guard and inp.rld_room is not None:
-            return RouteDecision(Pipeline.P_MD, f"anomalous, but {inp.rld_room}")
-        return RouteDecision(Pipeline.RLD_ONLY, "anomalous: long input, short output")
-    gain = inp.wan_s + inp.wan_margin_s - inp.local_s
-    lossy = (cfg.lossy_wan_retrans_pct > 0
-             and 100 * inp.wan_retrans_share >= cfg.lossy_wan_retrans_pct)
-    if gain < cfg.relay_threshold_s and not lossy:
-        return RouteDecision(Pipeline.P_MD, f"short transfer: relaying gains {gain:.2f} s "
-                                            f"({inp.wan_s:.2f} s + margin "
-                                            f"{inp.wan_margin_s:.2f} s - local "
-                                            f"{inp.local_s:.2f} s)")
-    why = (f"long transfer ({inp.wan_s:.2f} s)" if gain >= cfg.relay_threshold_s else
-           f"lossy WAN ({100 * inp.wan_retrans_share:.1f}% of segments retransmitted; "
-           f"relaying gains {gain:.2f} s as predicted)")
-    if not guard:
-        return RouteDecision(Pipeline.RLD_ONLY, f"{why}: decode on RLD")
-    if inp.rld_room is not None:
-        return RouteDecision(Pipeline.P_MD, f"{why}, {inp.rld_room}")
-    late_s = inp.wan_s if inp.late_wan_s is None else inp.late_wan_s
-    if cfg.late_kv_local and late_s >= inp.rld_decode_s:
-        return RouteDecision(Pipeline.RLD_ONLY,
-                             f"KV would reach MD ({late_s:.2f} s) after RLD's last token "
-                             f"({inp.rld_decode_s:.2f} s): no WAN transfer")
-    return RouteDecision(Pipeline.P_RLD_MD, f"{why}: relay")
+    """The pipeline ``mode``'s built-in policy chooses for one request."""
+    return BUILTIN[mode.value]().decide(inp, cfg, timing)
 
 
 class PrefixMirror:

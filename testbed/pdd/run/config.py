@@ -137,6 +137,11 @@ class MainConfig:
 
 @dataclass(frozen=True)
 class RouterConfig:
+    policy: str = _f("", "the routing policy: a built-in (testbed.types.POLICIES) or "
+                     "path/to/file.py:Name (testbed/pdd/policy/base.py); empty: the mode's "
+                     "own (pdd, cross-dc-pd, same-dc-pd or p-rld)")
+    policy_params: dict = field(default_factory=dict, metadata={
+        "help": "the policy's parameters (its constructor's keyword arguments)"})
     relay_threshold_s: float = _f(_D.relay_threshold_s, "pdd: relay (p-rld-md) when the predicted WAN KV time "
                                   "(prefill end -> KV at MD, plus the margin) exceeds the "
                                   "predicted local one (KV at RLD) by at least this", lo=0.0)
@@ -275,6 +280,10 @@ def _parse_value(tp: Any, value: Any, file: str, path: str, meta: dict) -> Any:
         if value not in names:
             raise bad(" | ".join(names))
         return tp[value.upper()] if tp is Role else tp(value)
+    if tp is dict:
+        if not isinstance(value, dict):
+            raise bad("an object")
+        return dict(value)
     if tp is bool:
         if not isinstance(value, bool):
             raise bad("true or false")
