@@ -35,6 +35,12 @@ measured gain falls on the other side of the threshold:
   MD could have taken over, sparing RLD. The KV never crossed, so its time
   is the prediction; the first token is RLD's either way (TTFT cost 0).
 
+Another policy than the modes' own (``always-relay``, ``prompt-threshold``, a user's
+file: the record's ``policy``) is judged by its pipeline: every ``p-md`` and
+``p-rld-md`` decision as above, whatever its reason, except warm-up and MD-down
+decisions and a ``p-md`` forced by RLD's room or a missing instance (its reason says
+so); its ``rld-only`` decisions are not judged.
+
 Not judged: decisions the rule did not make from a prediction (baselines,
 warm-up, the anomalous filter, RLD full, MD down, p-rld's all-RLD branch),
 requests that failed or were re-served, and records missing a time. The
@@ -54,9 +60,15 @@ from statistics import median
 from typing import Iterable, Mapping, Sequence
 
 WORST_N = 10
-# the rule's reasons (testbed/pdd/roles/routing.py choose_pipeline) that hindsight judges
+# the reasons of the modes' own rules (testbed/pdd/policy/pdd.py, p_rld.py) that hindsight
+# judges
 _SHORT, _LATE = "short transfer", "KV would reach MD"
 _RELAY = ("long transfer (", "lossy WAN (")  # relayed on the prediction, or on measured loss
+_MODE_POLICIES = ("", "pdd", "cross-dc-pd", "same-dc-pd", "p-rld")
+# decisions of any other policy that no policy makes from a prediction (base.guard; RLD's
+# room or no live instance forcing p-md)
+_NOT_JUDGED = ("warm-up", "MAIN_DECODE down")
+_FORCED = ("RLD full", "no live ")
 
 
 def _report(record: Mapping, role: str) -> Mapping:
@@ -70,6 +82,10 @@ def kind(record: Mapping) -> str | None:
     reason, pipeline = str(router.get("reason") or ""), router.get("pipeline")
     if record.get("status") != "completed" or router.get("reserves"):
         return None
+    if str(router.get("policy") or "") not in _MODE_POLICIES:  # another policy: by pipeline
+        if reason.startswith(_NOT_JUDGED) or any(f in reason for f in _FORCED):
+            return None
+        return pipeline if pipeline in ("p-md", "p-rld-md") else None
     if pipeline == "p-md" and reason.startswith(_SHORT):
         return "p-md"
     if pipeline == "p-rld-md" and reason.startswith(_RELAY) and reason.endswith(": relay"):

@@ -134,3 +134,18 @@ def test_a_relay_made_on_measured_loss_is_judged_like_any_relay():
     assert j["gain_s"] == pytest.approx(0.15) and j["reversed"]
     assert kind(rec(9, "p-md", "lossy WAN (5.0% ...), RLD full: batch 4 of 4", p_end=1.0,
                     ttft=2.0)) is None  # RLD full: not a prediction's decision
+
+
+def test_another_policys_decisions_are_judged_by_their_pipeline():
+    """always-relay's relays are judged whatever their reason; a forced p-md is not."""
+    relay = rec(9, "p-rld-md", "always-relay: relay", p_end=1.0, ttft=1.01, kv_done=1.1,
+                relay_ms=10, policy="always-relay")
+    assert kind(relay) == "p-rld-md"
+    assert judge(relay, estimates(BASE), relay_threshold_s=0.5)["reversed"]
+    mine = rec(9, "p-md", "MD holds 0.20: p-md", p_end=1.0, ttft=2.0, policy="x.py:Mine")
+    assert kind(mine) == "p-md"
+    for reason in ("warm-up", "MD holds 0.10, RLD full: batch 4 of 4",
+                   "prompt 5 tokens, no live RELAY_DECODE"):
+        assert kind(rec(9, "p-md", reason, p_end=1.0, ttft=2.0, policy="x.py:Mine")) is None
+    # PDD's rule keeps its reason-based judgement: an unknown reason is not judged
+    assert kind(rec(9, "p-md", "something else", p_end=1.0, ttft=2.0, policy="pdd")) is None

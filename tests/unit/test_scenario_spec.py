@@ -11,6 +11,7 @@ import pytest
 
 from testbed.errors import SpecError
 from testbed.scenario.faults import Action
+from testbed.scenario.policies import check_policies
 from testbed.scenario.runner import run_timeline
 from testbed.spec.scenario import HandoffMode, Mode, parse_scenario
 
@@ -156,9 +157,12 @@ def test_shipped_scenarios_are_valid():
     assert {"quickstart", "pdd-vs-baseline", "congestion", "fluctuation", "link-flap", "loss",
             "handoff-modes", "odd-traffic", "rld-overload", "bathtub-sweep",
             "mooncake-trace"} <= names
-    for f in files + sorted((ROOT / "tests" / "e2e").glob("*.yaml")):
+    examples = sorted((ROOT / "examples").rglob("*.yaml"))
+    assert examples, "examples/ has no scenario"
+    for f in files + sorted((ROOT / "tests" / "e2e").glob("*.yaml")) + examples:
         sc = load_scenario(f)
         assert sc.expectations, f"{f.name} states no expectation"
+        assert check_policies(sc) == [], f.name
 
 
 def test_timeline_ignores_non_action_results_and_runs_follow_ups():
