@@ -136,6 +136,8 @@ class PrefillNode(RoleServer):
                 key = id(peer.conn)
                 current[key] = counters
                 last = marks.get(key, TcpCounters(0, 0, 0.0))
+                if counters.segs_out < last.segs_out or counters.total_retrans < last.total_retrans:
+                    last = TcpCounters(0, 0, 0.0)  # a new connection where an old one was
                 segs += counters.segs_out - last.segs_out
                 retrans += counters.total_retrans - last.total_retrans
                 rto = max(rto, counters.rto_s)
