@@ -30,6 +30,12 @@ POLICIES = ("pdd", "cross-dc-pd", "same-dc-pd", "p-rld", "always-relay", "never-
             "prompt-threshold")
 
 
+def is_file_policy(spec: str) -> bool:
+    """``path.py:Name`` (a user's policy file), not a built-in policy's name."""
+    path, sep, name = spec.rpartition(":")
+    return bool(sep and path.endswith(".py") and name.isidentifier())
+
+
 class Pipeline(enum.Enum):
     P_MD = "p-md"
     P_RLD_MD = "p-rld-md"

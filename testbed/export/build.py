@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from testbed.errors import PlanError, SpecError
+from testbed.types import is_file_policy
 from testbed.export import chaos, manifests
 from testbed.export.timeline import Timeline, translate
 from testbed.linkmath import GSO_MAX_BYTES, MTU_BYTES, bdp_bytes
@@ -107,7 +108,7 @@ def build_mode(sc: Scenario, mode: ModeRun, opts: ExportOptions) -> ModeExport:
     ns = namespace_name(sc.name, mode.name)
     plan = manifests.PodPlan(ns, opts.image, opts.dc_node_label, opts.accelerator, mode.name)
     dcs = (sc.topology.datacenters[0].name, sc.topology.datacenters[1].name)
-    if ":" in mode.policy:  # a user's policy file: the image does not carry it
+    if is_file_policy(mode.policy):  # a user's policy file: the image does not carry it
         raise SpecError(sc.file, f"modes[{sc.modes.index(mode)}].policy", "a built-in policy "
                         "to export (a policy file is not in the image)", mode.policy)
     cluster = cluster_dict_for(sc.topology, 1.0, mode, {})

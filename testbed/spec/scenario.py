@@ -25,7 +25,8 @@ from testbed.reader import Fields, is_file, load_yaml
 from testbed.spec.topology import Topology, load_topology
 from testbed.types import PDD_DEFAULTS as _D
 from testbed.workload import parse_workload
-from testbed.types import ENGINES, POLICIES, SCENARIO_SLA, HandoffMode, Mode, Sla
+from testbed.types import (ENGINES, POLICIES, SCENARIO_SLA, HandoffMode, Mode, Sla,
+                           is_file_policy)
 
 
 # The summary.json metrics an expectation may bound (docs/run-directory.md).
@@ -318,16 +319,15 @@ def _parse_modes(f: Fields, pdd: PddSettings, workload_raw: object,
 def _resolve_policy(spec: str, file: str) -> str:
     """A file policy's path made absolute (relative to the scenario file), so the role
     processes find it from any working directory; a built-in name as it is."""
-    path, sep, name = spec.rpartition(":")
-    if not sep or spec in POLICIES or Path(path).is_absolute():
+    path, _, name = spec.rpartition(":")
+    if not is_file_policy(spec) or Path(path).is_absolute():
         return spec
     return f"{Path(file).resolve().parent / path}:{name}"
 
 
 def _policy_problem(spec: str) -> str | None:
     """None if ``spec`` names a built-in policy or has the form path.py:Name."""
-    path, sep, name = spec.rpartition(":")
-    if spec in POLICIES or (sep and path.endswith(".py") and name.isidentifier()):
+    if spec in POLICIES or is_file_policy(spec):
         return None
     return "a built-in policy (" + ", ".join(POLICIES) + ") or path/to/file.py:Name"
 

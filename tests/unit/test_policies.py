@@ -15,7 +15,6 @@ from testbed.errors import SpecError
 from testbed.pdd.policy import (BUILTIN, Candidates, DecoderCandidate, PCandidate, Placement,
                                 RouteInputs, default_placement, load_policy)
 from testbed.pdd.roles.router import RouterNode
-from testbed.pdd.roles.routing import choose_pipeline
 from testbed.pdd.run.config import (Mode, Pipeline, RouterConfig, TimingConfig, config_to_dict,
                                     parse_config)
 from testbed.pdd.wire.protocol import Error, Report, Request, Role
@@ -35,17 +34,14 @@ def test_the_builtins_are_the_names_the_spec_knows():
     assert tuple(BUILTIN) == POLICIES
 
 
-@pytest.mark.parametrize("mode", list(Mode))
-@pytest.mark.parametrize("inp", [SHORT, LONG, RouteInputs(40000, 100, 0.1, 1.5, FULL),
-                                 RouteInputs(16384, 100, 3.0, 1.5, None),
-                                 RouteInputs(16384, 1000, 2.0, 15.0, None, md_live=False),
-                                 RouteInputs(16384, 1000, 2.0, 15.0, None, warmup=True)])
-def test_each_modes_builtin_is_that_modes_rule(mode, inp):
-    """choose_pipeline(mode) is the mode's built-in policy (the rule's table is
-    test_pdd_routing.py)."""
-    cfg = RouterConfig(relay_threshold_s=0.5, anomalous_min_input_tokens=32768)
-    assert BUILTIN[mode.value]().decide(inp, cfg, TIMING) == choose_pipeline(mode, cfg, TIMING,
-                                                                               inp)
+@pytest.mark.parametrize("mode, policy", [(Mode.PDD, "PddRule"), (Mode.P_RLD, "PRld"),
+                                          (Mode.CROSS_DC_PD, "CrossDcPd"),
+                                          (Mode.SAME_DC_PD, "SameDcPd")])
+def test_a_router_without_a_policy_runs_its_modes_rule(mode, policy):
+    """No router.policy: the mode's built-in (whose decisions test_pdd_routing.py's table
+    checks through choose_pipeline); a named one replaces it."""
+    assert type(router_with(mode=mode.value).policy).__name__ == policy
+    assert type(router_with("always-relay", mode=mode.value).policy).__name__ == "AlwaysRelay"
 
 
 @pytest.mark.parametrize("inp, want", [
@@ -171,11 +167,11 @@ FLEET = [("router", "router", "A"), ("p0", "prefill", "A"), ("rld0", "relay_deco
          ("md0", "main_decode", "B"), ("md1", "main_decode", "B"), ("client", "client", "B")]
 
 
-def router_with(policy: str = "", params: dict | None = None) -> RouterNode:
+def router_with(policy: str = "", params: dict | None = None, mode: str = "pdd") -> RouterNode:
     instances = [{"name": n, "role": r, "host": "127.0.0.1", "dc": dc,
                   **({} if r == "client" else {"port": 7000 + i})}
                  for i, (n, r, dc) in enumerate(FLEET)]
-    cfg = parse_config({"mode": "pdd", "instances": instances,
+    cfg = parse_config({"mode": mode, "instances": instances,
                         "router": {"policy": policy, "policy_params": params or {}}}, "<test>")
     return RouterNode(cfg, "router", transport=None)
 

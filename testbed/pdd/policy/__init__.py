@@ -30,15 +30,10 @@ from testbed.pdd.policy.baselines import CrossDcPd, NeverRelay, SameDcPd
 from testbed.pdd.policy.p_rld import PRld
 from testbed.pdd.policy.pdd import PddRule
 from testbed.pdd.policy.prompt_threshold import PromptThreshold
+from testbed.types import is_file_policy
 
 BUILTIN: dict[str, type] = {c.name: c for c in (PddRule, CrossDcPd, SameDcPd, PRld, AlwaysRelay,
                                                 NeverRelay, PromptThreshold)}
-
-
-def is_file_policy(spec: str) -> bool:
-    """``path.py:Name`` (a user policy), not a built-in name."""
-    path, sep, name = spec.rpartition(":")
-    return bool(sep and path.endswith(".py") and name)
 
 
 def load_policy(spec: str, params: Mapping[str, Any] | None = None, *, base_dir: Path = Path("."),

@@ -165,8 +165,8 @@ class RouterNode(RoleServer):
     def _live(self, role: Role) -> list[str]:
         return [i.name for i in self.cfg.of_role(role) if i.name not in self.dead]
 
-    def _choose(self, prompt: Sequence[int],
-                use_policy: bool = True) -> dict[Role, str | None]:
+    def _choose(self, prompt: Sequence[int], use_policy: bool = True,
+                c: Candidates | None = None) -> dict[Role, str | None]:
         """The instances of a new request: the policy's ``place`` if it has one and
         answers, else the router's placement (``policy.default_placement``, every
         built-in's, so modes compare on one placement: the P whose prefill would end
@@ -174,8 +174,9 @@ class RouterNode(RoleServer):
         going where the queue is short; the MD whose DRC holds or is receiving most of
         the prompt, then the least loaded; the least loaded RLD). A re-served request
         (``use_policy`` False) takes the router's placement. Raises PolicyFailure when
-        the policy raises or names an instance that is not a live candidate."""
-        c = self._candidates(prompt)
+        the policy raises or names an instance that is not a live candidate. ``c``: the
+        candidates, when the caller has them already."""
+        c = self._candidates(prompt) if c is None else c
         placement = None
         place = getattr(self.policy, "place", None) if use_policy else None
         if place is not None:
@@ -291,8 +292,9 @@ class RouterNode(RoleServer):
 
     async def _route(self, client: Peer, client_rid: int, req: Request) -> None:
         try:
-            names = self._choose(req.prompt_token_ids)
-            r, info = self._decide(client, client_rid, req, names)
+            cands = self._candidates(req.prompt_token_ids)
+            names = self._choose(req.prompt_token_ids, c=cands)
+            r, info = self._decide(client, client_rid, req, names, cands)
         except PolicyFailure as err:
             self.policy_errors += 1
             if self.policy_errors <= 20:
@@ -318,8 +320,8 @@ class RouterNode(RoleServer):
                                                         req.max_output_tokens, meta)):
             await self._end(r, "prefill unavailable")
 
-    def _decide(self, client: Peer, client_rid: int, req: Request,
-                names: dict) -> tuple[Routed, dict]:
+    def _decide(self, client: Peer, client_rid: int, req: Request, names: dict,
+                cands: Candidates) -> tuple[Routed, dict]:
         """The pipeline of ``req`` and its decision record (every input, the prediction)."""
         now, cfg, timing = time.monotonic(), self.cfg, self.cfg.timing
         prompt, n = req.prompt_token_ids, len(req.prompt_token_ids)
@@ -362,7 +364,7 @@ class RouterNode(RoleServer):
                              md_live=md is not None, local_s=local_s, late_wan_s=late.wan_s,
                              wan_retrans_share=retrans_share, p_hit_tokens=hit,
                              md_hit_tokens=md_hit, rld_active=active,
-                             md_active=self._md_load().get(md, 0) if md else 0)
+                             md_active=next((m.active for m in cands.md if m.name == md), 0))
         d, policy_s = self._policy_decide(inputs)
         involved = {Role.PREFILL}
         if d.pipeline != Pipeline.P_MD:
