@@ -123,12 +123,22 @@ accel_probe() {
   if [ ! -r /dev/kvm ] || [ ! -w /dev/kvm ]; then echo "no usable /dev/kvm: tcg"; return 0; fi
   local kernel; kernel=$(ls "$repo"/.cache/vagrant/box/vmlinuz-* 2>/dev/null | head -1)
   if [ -z "$kernel" ]; then echo "no guest kernel cached yet: tcg"; return 0; fi
-  # A guest boots under KVM if its kernel prints its banner within 30 s.
-  if timeout 30 qemu-system-x86_64 -accel kvm -machine q35 -cpu host -m 256 -nographic -no-reboot \
-       -nic none -kernel "$kernel" -append 'console=ttyS0 panic=-1' </dev/null 2>&1 \
-       | grep -m1 -q 'Linux version'; then
+  # A guest boots under KVM, with the CPU the Vagrantfile then asks for
+  # (host-passthrough), if its kernel prints its banner within 30 s.
+  local log="$OUT/accel-qemu.log" pid i
+  qemu-system-x86_64 -accel kvm -machine q35 -cpu host -m 256 -nographic -no-reboot -nic none \
+    -kernel "$kernel" -append 'console=ttyS0 panic=-1' </dev/null > "$log" 2>&1 &
+  pid=$!
+  for i in $(seq 60); do
+    grep -q 'Linux version' "$log" && break
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.5
+  done
+  kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
+  if grep -q 'Linux version' "$log"; then
     TESTBED_VM_ACCEL=kvm; echo "a guest kernel booted under KVM: kvm"
   else
+    echo "qemu under KVM said: $(tr -d '\r' < "$log" | grep -v '^$' | tail -2 | tr '\n' ' ')"
     echo "a guest kernel did not boot under KVM within 30 s: tcg"
   fi
 }
@@ -195,44 +205,49 @@ compare() {
     --labels "guest netem" "host userspace" > "$OUT/compare.md" && cat "$OUT/compare.md"
 }
 
-t_start=$(date +%s)
-step host-packages host_packages || { stop_daemons; exit 1; }
-step host-venv host_venv || exit 1
-step libvirt libvirt_up || { stop_daemons; exit 1; }
-step box "$here/build-box.sh" || { stop_daemons; exit 1; }
-step accel accel_probe
-port_free || { echo "selftest: 127.0.0.1:$TESTBED_VM_SSH_PORT is in use: set TESTBED_VM_SSH_PORT" >&2; stop_daemons; exit 2; }
-snapshot > "$OUT/before.txt"
+# The body is one function, called on the last line: bash reads a script as
+# it runs, and this way an edit to this file cannot break a run under way.
+main() {
+  t_start=$(date +%s)
+  step host-packages host_packages || { stop_daemons; exit 1; }
+  step host-venv host_venv || exit 1
+  step libvirt libvirt_up || { stop_daemons; exit 1; }
+  step box "$here/build-box.sh" || { stop_daemons; exit 1; }
+  step accel accel_probe
+  port_free || { echo "selftest: 127.0.0.1:$TESTBED_VM_SSH_PORT is in use: set TESTBED_VM_SSH_PORT" >&2; stop_daemons; exit 2; }
+  snapshot > "$OUT/before.txt"
 
-if step up vagrant_q up --provider libvirt --no-provision \
-   && step provision vagrant_q provision \
-   && step guest-check guest_check; then
-  step guest-run guest_run
-fi
-step destroy destroy
-step host-run host_run
-[ -d "$OUT/crosscheck-netem" ] && step compare compare
-step leftovers leftovers
-stop_daemons
+  if step up vagrant_q up --provider libvirt --no-provision \
+     && step provision vagrant_q provision \
+     && step guest-check guest_check; then
+    step guest-run guest_run
+  fi
+  step destroy destroy
+  step host-run host_run
+  [ -d "$OUT/crosscheck-netem" ] && step compare compare
+  step leftovers leftovers
+  stop_daemons
 
-check_line=$(grep -E '^backend ' "$OUT/guest-check.log" 2>/dev/null | head -1)
-grep -Eq '^backend +netem$' <<<"$check_line" || failed="${failed:+$failed, }guest backend is not netem"
-{
-  echo "# Vagrant self-test"
-  echo
-  echo "$(date -u +%Y-%m-%dT%H:%M:%SZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown),"
-  echo "host $(nproc) cores, accel ${TESTBED_VM_ACCEL}, guest ${TESTBED_VM_CPUS} vCPU / ${TESTBED_VM_MEMORY_MB} MB,"
-  echo "total $(( $(date +%s) - t_start )) s. Command: sudo vagrant/selftest.sh $OUT"
-  echo
-  echo "| step | seconds | result |"; echo "|---|---|---|"
-  tail -n +2 "$steps" | awk -F'\t' '{printf "| %s | %s | %s |\n", $1, $2, $3}'
-  echo
-  echo "Guest \`testbed check\`: \`${check_line:-none}\`"
-  echo
-  [ -f "$OUT/compare.md" ] && { echo "## $SCENARIO: netem in the guest vs userspace here"; echo; cat "$OUT/compare.md"; echo; }
-  echo "## Leftovers"; echo; echo '```'; cat "$OUT/leftovers.log" 2>/dev/null; echo '```'
-  echo
-  echo "Verdict: ${failed:+FAILED ($failed)}${failed:-passed}"
-} > "$OUT/selftest.md"
-echo "selftest: $OUT/selftest.md" >&2
-[ -z "$failed" ]
+  check_line=$(grep -E '^backend ' "$OUT/guest-check.log" 2>/dev/null | head -1)
+  grep -Eq '^backend +netem$' <<<"$check_line" || failed="${failed:+$failed, }guest backend is not netem"
+  {
+    echo "# Vagrant self-test"
+    echo
+    echo "$(date -u +%Y-%m-%dT%H:%M:%SZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown),"
+    echo "host $(nproc) cores, accel ${TESTBED_VM_ACCEL}, guest ${TESTBED_VM_CPUS} vCPU / ${TESTBED_VM_MEMORY_MB} MB,"
+    echo "total $(( $(date +%s) - t_start )) s. Command: sudo vagrant/selftest.sh $OUT"
+    echo
+    echo "| step | seconds | result |"; echo "|---|---|---|"
+    tail -n +2 "$steps" | awk -F'\t' '{printf "| %s | %s | %s |\n", $1, $2, $3}'
+    echo
+    echo "Guest \`testbed check\`: \`${check_line:-none}\`"
+    echo
+    [ -f "$OUT/compare.md" ] && { echo "## $SCENARIO: netem in the guest vs userspace here"; echo; cat "$OUT/compare.md"; echo; }
+    echo "## Leftovers"; echo; echo '```'; cat "$OUT/leftovers.log" 2>/dev/null; echo '```'
+    echo
+    echo "Verdict: ${failed:+FAILED ($failed)}${failed:-passed}"
+  } > "$OUT/selftest.md"
+  echo "selftest: $OUT/selftest.md" >&2
+  [ -z "$failed" ]
+}
+main "$@"
