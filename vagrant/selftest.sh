@@ -107,7 +107,9 @@ libvirt_up() {
   if ! virsh pool-info default >/dev/null 2>&1; then
     virsh pool-define-as default dir --target /var/lib/libvirt/images && virsh pool-build default || return 1
   fi
-  virsh pool-info default | grep -q 'State:.*running' || virsh pool-start default
+  # (a restarted libvirtd may be re-activating the pool as we look)
+  virsh pool-info default | grep -q 'State:.*running' || virsh pool-start default \
+    || virsh pool-info default | grep -q 'State:.*running'
 }
 stop_daemons() {
   local d pid
