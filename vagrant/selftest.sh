@@ -235,7 +235,9 @@ main() {
   {
     echo "# Vagrant self-test"
     echo
-    echo "$(date -u +%Y-%m-%dT%H:%M:%SZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown),"
+    dirty=""; [ -n "$(git status --porcelain -- testbed vagrant scenarios setup.sh 2>/dev/null)" ] \
+      && dirty=" with uncommitted changes"
+    echo "$(date -u +%Y-%m-%dT%H:%M:%SZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$dirty,"
     echo "host $(nproc) cores, accel ${TESTBED_VM_ACCEL}, guest ${TESTBED_VM_CPUS} vCPU / ${TESTBED_VM_MEMORY_MB} MB,"
     echo "total $(( $(date +%s) - t_start )) s. Command: sudo vagrant/selftest.sh $OUT"
     echo
@@ -247,7 +249,7 @@ main() {
     [ -f "$OUT/compare.md" ] && { echo "## $SCENARIO: netem in the guest vs userspace here"; echo; cat "$OUT/compare.md"; echo; }
     echo "## Leftovers"; echo; echo '```'; cat "$OUT/leftovers.log" 2>/dev/null; echo '```'
     echo
-    echo "Verdict: ${failed:+FAILED ($failed)}${failed:-passed}"
+    if [ -n "$failed" ]; then echo "Verdict: FAILED ($failed)"; else echo "Verdict: passed"; fi
   } > "$OUT/selftest.md"
   echo "selftest: $OUT/selftest.md" >&2
   [ -z "$failed" ]
