@@ -107,10 +107,12 @@ libvirt_up() {
   if ! virsh pool-info default >/dev/null 2>&1; then
     virsh pool-define-as default dir --target /var/lib/libvirt/images && virsh pool-build default || return 1
   fi
-  # (a restarted libvirtd may be re-activating the pool as we look)
-  virsh pool-info default | grep -q 'State:.*running' || virsh pool-start default \
-    || virsh pool-info default | grep -q 'State:.*running'
+  # Not `virsh ... | grep -q`: grep leaves early, virsh gets SIGPIPE and
+  # pipefail turns the pipeline into a failure. A restarted libvirtd may
+  # also be re-activating the pool as we look.
+  pool_running || virsh pool-start default || pool_running
 }
+pool_running() { local info; info=$(virsh pool-info default 2>/dev/null); [[ "$info" =~ State:\ +running ]]; }
 stop_daemons() {
   local d pid
   for d in "${started_daemons[@]}"; do
@@ -145,7 +147,7 @@ accel_probe() {
   fi
 }
 
-port_free() { ! ss -ltn "sport = :$TESTBED_VM_SSH_PORT" | grep -q LISTEN; }
+port_free() { [ -z "$(ss -ltnH "sport = :$TESTBED_VM_SSH_PORT")" ]; }
 
 # What exists before the VM: the leftover check compares against it.
 snapshot() {
