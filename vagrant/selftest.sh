@@ -162,12 +162,18 @@ snapshot() {
     echo "## listeners on $TESTBED_VM_SSH_PORT"; ss -ltnH "sport = :$TESTBED_VM_SSH_PORT"
   } 2>/dev/null
 }
+# Left behind: what exists after destroy and did not before (in its section).
+# What went away meanwhile (another program's interfaces, say) is not ours.
 leftovers() {
   snapshot > "$OUT/after.txt"
-  if diff "$OUT/before.txt" "$OUT/after.txt"; then
-    echo "nothing left: domains, volumes, networks, interfaces, qemu processes and listeners as before"
+  local left
+  left=$(awk 'FNR == 1 { file++ } /^## / { sec = $0; next }
+              file == 1 { seen[sec SUBSEP $0] = 1; next }
+              !((sec SUBSEP $0) in seen) { print sec ": " $0 }' "$OUT/before.txt" "$OUT/after.txt")
+  if [ -z "$left" ]; then
+    echo "nothing left: no domain, volume, network, interface, qemu process or listener that was not there before"
   else
-    echo "left behind (lines with > above)"; return 1
+    echo "left behind:"; echo "$left"; return 1
   fi
 }
 
