@@ -2,7 +2,8 @@
 
 Mode: what the router may choose; Pipeline: the path of one request;
 HandoffMode: how RLD hands over; Sla: a scenario's per-request service
-bounds, as the spec reads them and the report applies them. The link Backend lives with the shaping
+bounds, as the spec reads them and the report applies them; FaultEvent: a
+fault's start or end as runner, collector and report read it. The link Backend lives with the shaping
 arithmetic (testbed.net.shaping); role names in topologies are
 testbed.spec.topology.Role and on the wire testbed.pdd.wire.fields.Role (an
 integer encoding of the same roles).
@@ -11,7 +12,7 @@ integer encoding of the same roles).
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping
 
 
@@ -98,3 +99,60 @@ class Sla:
 
 
 SCENARIO_SLA = Sla(ttft_s=2.0, tpot_ms=200.0)  # a scenario's bounds when it sets none
+
+
+FAULT_EDGES = ("start", "end")
+# keys of a fault event record that are not the fault's parameters
+_FAULT_EVENT_KEYS = ("t_mono", "t_wall", "kind", "fault", "fault_kind", "link", "planned")
+
+
+@dataclass(frozen=True)
+class FaultEvent:
+    """A fault's start or end in a run's events.jsonl: one shape for the runner
+    (testbed.scenario.faults) and the cluster collector (testbed.export.collect),
+    read by the report (testbed.report.events).
+
+    On disk (docs/run-directory.md): ``{"kind": "fault_start"|"fault_end",
+    "fault": index, "fault_kind": the scenario's kind, "link": ..., **params}``;
+    ``planned: true`` when the time is the Workflow's plan, not an observation.
+    Example::
+
+        FaultEvent("start", 0, "bandwidth", "wan", {"rate_gbit": 2.0}).record()
+    """
+
+    edge: str            # "start" | "end"
+    fault: int           # the fault's index in the scenario's faults list
+    fault_kind: str      # the scenario's kind: bandwidth, kill, ... (testbed/spec/faultkinds)
+    link: str = "wan"
+    params: dict = field(default_factory=dict)  # the kind's parameters, plain data
+    planned: bool = False
+
+    def __post_init__(self) -> None:
+        if self.edge not in FAULT_EDGES:
+            raise ValueError(f"fault event edge {self.edge!r}: expected one of {FAULT_EDGES}")
+        clash = sorted(set(self.params) & set(_FAULT_EVENT_KEYS))
+        if clash:
+            raise ValueError(f"fault event params {clash}: names the record itself uses")
+
+    @property
+    def event_kind(self) -> str:
+        return f"fault_{self.edge}"
+
+    def record(self) -> dict:
+        """The fields of the events.jsonl record (without its times)."""
+        out = {"kind": self.event_kind, "fault": self.fault, "fault_kind": self.fault_kind,
+               "link": self.link, **self.params}
+        if self.planned:
+            out["planned"] = True
+        return out
+
+    @classmethod
+    def read(cls, rec: Mapping) -> "FaultEvent | None":
+        """The fault event in an events.jsonl record, None when it is none."""
+        kind = rec.get("kind")
+        if kind not in ("fault_start", "fault_end") or not isinstance(rec.get("fault"), int):
+            return None
+        return cls(kind.removeprefix("fault_"), rec["fault"], str(rec.get("fault_kind") or ""),
+                   str(rec.get("link") or "wan"),
+                   {k: v for k, v in rec.items() if k not in _FAULT_EVENT_KEYS},
+                   bool(rec.get("planned", False)))

@@ -83,7 +83,7 @@ def _cross_hosts(sc: Scenario) -> dict[str, str]:
 
 def _cross_traffic(sc: Scenario, tl: Timeline, plan, opts, dcs) -> tuple[list[dict], dict]:
     hosts, objs, urls = _cross_hosts(sc), [], {}
-    for step in (s for s in tl.steps if s.kind == "cross-traffic"):
+    for step in (s for s in tl.steps if s.action == "cross-traffic"):
         src, dst = (dcs[0], dcs[1]) if step.target == "a>b" else (dcs[1], dcs[0])
         if src not in hosts or dst not in hosts:
             raise PlanError(f"fault {step.fault_index} (congestion): needs a cross_traffic "

@@ -7,7 +7,7 @@ Workflow (chaos-mesh.org/v1alpha1). Its entry is a Serial of:
    (200 once every role accepts connections and the warm-up is done);
 2. ``timeline``: a Parallel of branches that all start together:
    - ``wan``: a Serial of one NetworkChaos per WAN segment (action
-     ``netem``: delay, jitter, loss and netem's ``rate`` in ONE qdisc,
+     ``netem``: delay, jitter, loss, duplication and netem's ``rate`` in ONE qdisc,
      direction ``both`` between the DC A and DC B pods; an asymmetric
      segment is two NetworkChaos with direction ``to``, one per DC's
      egress), each with ``deadline`` = the segment's length. One object
@@ -61,7 +61,7 @@ def _selector(ctx: ChaosContext, labels: dict) -> dict:
 
 def netem_spec(ctx: ChaosContext, d: Direction, src_dc: str, dst_dc: str,
                direction: str) -> dict:
-    """A NetworkChaos spec: netem (delay, jitter, loss, rate) on the egress of
+    """A NetworkChaos spec: netem (delay, jitter, loss, duplication, rate) on the egress of
     ``src_dc``'s pods toward ``dst_dc``'s (``direction`` ``to``), or on both
     sides' egress toward each other (``both``)."""
     spec = {"action": "netem", "mode": "all",
@@ -74,6 +74,8 @@ def netem_spec(ctx: ChaosContext, d: Direction, src_dc: str, dst_dc: str,
                          "jitter": delay_string(d.jitter_ms)}
     if d.loss_pct > 0:
         spec["loss"] = {"loss": pct_string(d.loss_pct), "correlation": "0"}
+    if d.duplicate_pct > 0:
+        spec["duplicate"] = {"duplicate": pct_string(d.duplicate_pct), "correlation": "0"}
     return spec
 
 
@@ -117,12 +119,12 @@ def _wan_templates(ctx: ChaosContext, i: int, seg: WanSegment, length_s: float) 
 
 
 def _step_template(ctx: ChaosContext, step: Step) -> dict:
-    name = f"f{step.fault_index}-{step.kind}"
+    name = f"f{step.fault_index}-{step.action}"
     deadline = seconds_string(step.duration_s)
-    if step.kind == "partition":
+    if step.action == "partition":
         return {"name": name, "templateType": "NetworkChaos", "deadline": deadline,
                 "networkChaos": partition_spec(ctx)}
-    if step.kind == "pod-failure":
+    if step.action == "pod-failure":
         return {"name": name, "templateType": "PodChaos", "deadline": deadline,
                 "podChaos": pod_failure_spec(ctx, step.target)}
     return _status_check(name, ctx.trigger_urls[step.fault_index] + "/start", "POST", 30)

@@ -31,6 +31,7 @@ from pathlib import Path
 import yaml
 
 from testbed.errors import TestbedError
+from testbed.types import FaultEvent
 
 
 class CollectError(TestbedError):
@@ -62,9 +63,13 @@ def _events(client: dict, mode: dict) -> list[dict]:
         return []
     out = [{"t_mono": t0, "t_wall": client.get("t_start_wall"), "kind": "workload_start"}]
     for s in mode.get("steps", []):
-        for kind, at in (("fault_start", s["at_s"]), ("fault_end", s["at_s"] + s["duration_s"])):
-            out.append({"t_mono": t0 + at, "kind": kind, "fault": s["fault"],
-                        "fault_kind": s["kind"], "target": s["target"], "planned": True})
+        if "fault_kind" not in s:
+            raise CollectError(f"export.json: mode {mode.get('name')!r}: a fault step without "
+                               "fault_kind (written by an older testbed export): export again")
+        for edge, at in (("start", s["at_s"]), ("end", s["at_s"] + s["duration_s"])):
+            fe = FaultEvent(edge, s["fault"], s["fault_kind"], "wan",
+                            {"action": s["action"], "target": s["target"]}, planned=True)
+            out.append({"t_mono": t0 + at, **fe.record()})
     if client.get("t_end_mono") is not None:
         out.append({"t_mono": client["t_end_mono"], "kind": "workload_end"})
     return sorted(out, key=lambda e: e["t_mono"])

@@ -4,17 +4,17 @@ Owns the meaning of every fault kind on a cluster, in plain data that
 ``testbed.export.chaos`` turns into a Workflow:
 
 - the WAN's shape over time, ``WanSegment``s that tile [0, horizon): the
-  nominal link, changed by ``bandwidth``, ``bandwidth_schedule``, ``rtt`` and
-  ``loss`` (each sets both directions; a fault with a duration restores
-  each direction's nominal value when it ends, as the single-machine runner
-  does). Chaos Mesh cannot stack two NetworkChaos on the same pods (the
+  nominal link, changed by the WAN kinds (``bandwidth``,
+  ``bandwidth_schedule``, ``rtt``, ``loss``, ``duplicate``: each sets both
+  directions; a fault with a duration restores each direction's nominal
+  value when it ends, as the single-machine runner does). Chaos Mesh cannot stack two NetworkChaos on the same pods (the
   later one wins, chaos-mesh#3631), so the shape is one NetworkChaos at a
   time, replaced at every change, never one per fault;
-- ``Step``s beside it: ``link_flap`` -> a partition for ``down_s``;
-  ``kill`` -> the instance's pod failed until the horizon (its Deployment
-  would restart a deleted pod, which is not a kill); ``restart`` -> the pod
-  failed for ``down_s`` then started again, same pod, empty caches;
-  ``congestion`` -> an iperf3 client started for ``duration_s``.
+- ``Step``s beside it (a partition, a pod failure, cross traffic).
+
+Each fault kind's module (testbed/spec/faultkinds/) says what it is on a
+cluster (its ``export``): changes of the WAN's shape, a step, or both; this
+module joins them into one timeline.
 
 Times are seconds from the workload start (the client's ``ready``), as in
 the scenario. Actions at the same time keep the single-machine order: by
@@ -34,9 +34,13 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from testbed.errors import PlanError
-from testbed.spec.faults import FaultSpec
-from testbed.spec.link import LinkSpec, LossSpec
+from testbed.spec.faultkinds import kind
+from testbed.spec.faultkinds.base import FaultSpec, Nominal, Step, WanChange
+from testbed.spec.faultkinds.loss import exported_loss_pct
+from testbed.spec.link import LinkSpec
 from testbed.spec.topology import WanSpec
+
+__all__ = ["Direction", "MIN_SEGMENT_S", "Step", "Timeline", "WanSegment", "translate"]
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,7 @@ class Direction:
     delay_ms: float
     jitter_ms: float
     loss_pct: float
+    duplicate_pct: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -62,20 +67,6 @@ class WanSegment:
 
 
 @dataclass(frozen=True)
-class Step:
-    """A timed action besides the WAN shape. kind: ``partition`` (target ``wan``),
-    ``pod-failure`` (target: an instance name), ``cross-traffic`` (target
-    ``a>b``/``b>a``, ``flows`` TCP streams)."""
-
-    at_s: float
-    duration_s: float
-    kind: str
-    target: str
-    fault_index: int
-    flows: int = 0
-
-
-@dataclass(frozen=True)
 class Timeline:
     horizon_s: float
     wan: tuple[WanSegment, ...]
@@ -83,22 +74,12 @@ class Timeline:
     notes: tuple[str, ...] = ()
 
 
-_WAN_KINDS = ("bandwidth", "bandwidth_schedule", "rtt", "loss")
 MIN_SEGMENT_S = 0.001
 
 
 def _direction(link: LinkSpec, notes: list[str], what: str) -> Direction:
     return Direction(link.rate_gbit, link.delay_ms, link.jitter_ms,
-                     _loss_pct(link.loss, notes, what))
-
-
-def _loss_pct(loss: LossSpec, notes: list[str], what: str) -> float:
-    if loss.model == "gilbert_elliott":
-        notes.append(f"{what}: Gilbert-Elliott loss (p {loss.p_pct:g}%, r {loss.r_pct:g}%, "
-                     f"bad {loss.bad_loss_pct:g}%, good {loss.good_loss_pct:g}%) exported as "
-                     f"random loss at its mean, {loss.mean_pct:.3g}%: NetworkChaos has only "
-                     "random loss with a correlation")
-    return loss.mean_pct
+                     exported_loss_pct(link.loss, notes, what), link.duplicate_pct)
 
 
 def _link_notes(link: LinkSpec, notes: list[str], what: str) -> None:
@@ -112,30 +93,6 @@ def _link_notes(link: LinkSpec, notes: list[str], what: str) -> None:
                      "(NetworkChaos sets no netem limit)")
 
 
-def _wan_changes(f: FaultSpec, nominal: tuple[Direction, Direction], notes: list[str]):
-    """(t_s, fault index, order, {field: value or per-direction tuple}) of one fault."""
-    p, what = f.params, f"fault {f.index} ({f.kind})"
-    back = lambda field: tuple(getattr(d, field) for d in nominal)  # noqa: E731
-    if f.kind == "bandwidth":
-        out = [(f.at_s, f.index, 0, {"rate_gbit": p["rate_gbit"]})]
-        ends = {"rate_gbit": back("rate_gbit")}
-    elif f.kind == "bandwidth_schedule":
-        return [(f.at_s + off, f.index, i, {"rate_gbit": rate})
-                for i, (off, rate) in enumerate(p["schedule"])]
-    elif f.kind == "rtt":
-        out = [(f.at_s, f.index, 0, {"delay_ms": p["one_way_delay_ms"], "jitter_ms": p["jitter_ms"]})]
-        ends = {"delay_ms": back("delay_ms"), "jitter_ms": back("jitter_ms")}
-        if p["jitter_ms"] > 0:
-            notes.append(f"{what}: jitter {p['jitter_ms']:g} ms with netem's default "
-                         "distribution")
-    else:
-        out = [(f.at_s, f.index, 0, {"loss_pct": _loss_pct(p["loss"], notes, what)})]
-        ends = {"loss_pct": back("loss_pct")}
-    if f.end_s is not None:
-        out.append((f.end_s, f.index, 1_000_000, ends))
-    return out
-
-
 def _apply(state: tuple[Direction, Direction], change: dict) -> tuple[Direction, Direction]:
     out = []
     for i, d in enumerate(state):
@@ -144,13 +101,14 @@ def _apply(state: tuple[Direction, Direction], change: dict) -> tuple[Direction,
     return out[0], out[1]
 
 
-def _segments(changes: list, nominal: tuple[Direction, Direction],
+def _segments(changes: list[WanChange], nominal: tuple[Direction, Direction],
               horizon_s: float) -> tuple[WanSegment, ...]:
     """Piecewise-constant WAN states over [0, horizon). A state that would last less
     than MIN_SEGMENT_S (a Workflow deadline has millisecond steps) is skipped: the
     next one starts where it would have."""
     state, start, segs = nominal, 0.0, []
-    for t, _, _, change in sorted(changes, key=lambda c: c[:3]):
+    for c in sorted(changes, key=lambda c: (c.t_s, c.fault, c.order)):
+        t, change = c.t_s, c.values
         if t > horizon_s - MIN_SEGMENT_S:
             break
         new = _apply(state, change)
@@ -174,24 +132,6 @@ def _push(segs: list[WanSegment], seg: WanSegment) -> None:
         segs.append(seg)
 
 
-def _step(f: FaultSpec, instances: dict[str, list[str]], horizon_s: float) -> Step | None:
-    p = f.params
-    if f.kind == "link_flap":
-        kind, target = "partition", "wan"
-    elif f.kind == "congestion":
-        kind, target = "cross-traffic", p["direction"]
-    else:
-        names = instances.get(p["role"], [])
-        if p["instance"] is not None and p["instance"] not in names:
-            raise PlanError(f"fault {f.index} ({f.kind}): no {p['role']} instance "
-                            f"{p['instance']!r} (instances: {', '.join(names) or 'none'})")
-        if not names:
-            raise PlanError(f"fault {f.index} ({f.kind}): this mode has no {p['role']} instance")
-        kind, target = "pod-failure", p["instance"] or names[0]
-    end = horizon_s if f.kind == "kill" else min(f.end_s, horizon_s)
-    return Step(f.at_s, end - f.at_s, kind, target, f.index, p.get("flows", 0))
-
-
 def translate(faults: tuple[FaultSpec, ...], wan: WanSpec, instances: dict[str, list[str]],
               horizon_s: float) -> Timeline:
     """The Chaos Mesh timeline of ``faults`` (see the module docstring).
@@ -205,7 +145,10 @@ def translate(faults: tuple[FaultSpec, ...], wan: WanSpec, instances: dict[str, 
     for what, link in (("WAN a>b", wan.a_to_b), ("WAN b>a", wan.b_to_a)):
         _link_notes(link, notes, what)
     nominal = (_direction(wan.a_to_b, notes, "WAN a>b"), _direction(wan.b_to_a, notes, "WAN b>a"))
-    changes, steps = [], []
+    per_field = {f: (getattr(nominal[0], f), getattr(nominal[1], f))
+                 for f in Direction.__dataclass_fields__}
+    changes: list[WanChange] = []
+    steps: list[Step] = []
     for f in faults:
         if f.link != "wan":
             raise PlanError(f"fault {f.index} ({f.kind}): link {f.link!r}: only the WAN "
@@ -214,10 +157,11 @@ def translate(faults: tuple[FaultSpec, ...], wan: WanSpec, instances: dict[str, 
             notes.append(f"fault {f.index} ({f.kind}) at {f.at_s:g} s: after the run's end "
                          f"({horizon_s:g} s), dropped")
             continue
-        if f.kind in _WAN_KINDS:
-            changes += _wan_changes(f, nominal, notes)
+        part = kind(f.kind).export(f, Nominal(per_field), instances, horizon_s, notes)
+        changes += part.wan
+        step = part.step
+        if step is None:
             continue
-        step = _step(f, instances, horizon_s)
         if step.duration_s < MIN_SEGMENT_S:
             notes.append(f"fault {f.index} ({f.kind}) lasts {step.duration_s:g} s within the "
                          f"run, under a Workflow deadline's {MIN_SEGMENT_S:g} s step: dropped")

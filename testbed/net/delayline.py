@@ -1,7 +1,7 @@
 """Userspace delay line: one direction of an emulated WAN link, for kernels without netem.
 
 This module owns the delay line *process* and its control protocol; the
-per-frame decisions (delay, jitter, loss, reorder, limit, link down) live in
+per-frame decisions (delay, jitter, loss, reorder, duplication, limit, link down) live in
 ``testbed.net.impairments`` and are pure.
 
 Process lifecycle (one process per link direction, inside the WAN node's
@@ -41,12 +41,12 @@ Control protocol (JSON datagrams; every reply carries ``"ok"``):
   (missing fields take their defaults) -> ``{"ok": true}``.
 - ``{"op": "stats"}`` -> ``{"ok": true, "frames_in": .., "frames_out": ..,
   "bytes_in": .., "bytes_out": .., "dropped_loss": .., "dropped_limit": ..,
-  "dropped_down": .., "dropped_tx": .., "dropped_kernel": .., "unstamped": ..,
-  "held": ..,
+  "dropped_down": .., "dropped_tx": .., "dropped_kernel": .., "duplicated": ..,
+  "unstamped": .., "held": ..,
   "lateness": {...}, "realtime": bool}``; ``lateness`` is the histogram (testbed.histogram) of how late each
   sent frame left, its send time minus its scheduled release time.
-  Bytes count Ethernet frames without the vnet header. frames_in = frames_out
-  + dropped_{loss,limit,down,tx} + held; dropped_kernel counts frames the
+  Bytes count Ethernet frames without the vnet header. frames_in + duplicated =
+  frames_out + dropped_{loss,limit,down,tx} + held; dropped_kernel counts frames the
   kernel dropped before the delay line read them (it is saturated).
 - Anything else -> ``{"ok": false, "error": "..."}``; the process carries on.
 

@@ -30,7 +30,8 @@ def netem_params(imp: Impairment) -> NetemParams:
         distribution=imp.distribution if imp.jitter_ms > 0 else "uniform",
         loss_model=loss.model, loss_pct=loss.pct, ge_p_pct=loss.p_pct, ge_r_pct=loss.r_pct,
         ge_bad_loss_pct=loss.bad_loss_pct, ge_good_loss_pct=loss.good_loss_pct,
-        reorder_pct=imp.reorder_pct, limit_pkts=imp.limit_pkts, seed=imp.seed)
+        reorder_pct=imp.reorder_pct, duplicate_pct=imp.duplicate_pct, limit_pkts=imp.limit_pkts,
+        seed=imp.seed)
 
 
 def delay_params(imp: Impairment, up: bool = True) -> DelayParams:
@@ -40,4 +41,5 @@ def delay_params(imp: Impairment, up: bool = True) -> DelayParams:
         delay_ms=imp.delay_ms, jitter_ms=imp.jitter_ms, jitter_distribution=imp.distribution,
         loss_model=loss.model, loss_pct=loss.pct, ge_p_pct=loss.p_pct, ge_r_pct=loss.r_pct,
         ge_bad_loss_pct=loss.bad_loss_pct, ge_good_loss_pct=loss.good_loss_pct,
-        reorder_pct=imp.reorder_pct, limit_pkts=imp.limit_pkts, seed=imp.seed, up=up)
+        reorder_pct=imp.reorder_pct, duplicate_pct=imp.duplicate_pct, limit_pkts=imp.limit_pkts,
+        seed=imp.seed, up=up)

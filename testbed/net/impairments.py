@@ -4,8 +4,8 @@ This module owns what the delay line decides about each frame, with netem's
 semantics, so it can be unit-tested with fake clocks and fake frames:
 
 - ``DelayParams``: the frozen, validated parameters of one link direction
-  (delay, jitter and its distribution, loss model, reorder share, queue limit,
-  seed, up/down), with a JSON round trip. ``validate_params`` is the pure check.
+  (delay, jitter and its distribution, loss model, reorder share, duplicate
+  share, queue limit, seed, up/down), with a JSON round trip. ``validate_params`` is the pure check.
 - ``jitter_sample``: one draw from netem's delay distributions
   (``JITTER_DISTRIBUTIONS``, testbed/spec/link.py), in units of the jitter.
 - ``RandomLoss`` / ``GilbertElliottLoss``: the loss models (netem ``loss
@@ -15,7 +15,9 @@ semantics, so it can be unit-tested with fake clocks and fake frames:
   hands back the frames whose time has come, in release-time order (ties in
   arrival order). Without jitter a frame never leaves before an earlier
   delayed one, even across a delay decrease (netem would reorder there);
-  only frames picked by reorder_pct overtake.
+  only frames picked by reorder_pct overtake. A frame picked by
+  duplicate_pct is held twice, the copy with its own release time (netem's
+  duplicate); a frame is what the kernel hands over, a GSO super-frame too.
 
 Lifecycle: the delay line process builds one ``HoldQueue`` from its initial
 ``DelayParams``; ``set_params`` swaps all parameters at once (held frames keep
@@ -85,6 +87,8 @@ class DelayParams:
     ge_good_loss_pct: float = field(default=0.0, metadata={"help": "GE loss in good (1-k)"})
     reorder_pct: float = field(
         default=0.0, metadata={"help": "share of frames sent at once, undelayed"})
+    duplicate_pct: float = field(
+        default=0.0, metadata={"help": "share of frames sent twice, each copy its own delay"})
     limit_pkts: int = field(default=1000, metadata={"help": "max frames held; more drop"})
     seed: int = field(default=0, metadata={
         "help": "RNG seed, for reproducible runs; give each direction its own seed, "
@@ -148,7 +152,7 @@ def validate_params(p: DelayParams) -> None:
     _check_choice("jitter_distribution", p.jitter_distribution, JitterDistribution)
     _check_choice("loss_model", p.loss_model, LossModel)
     for name in ("loss_pct", "ge_p_pct", "ge_r_pct", "ge_bad_loss_pct",
-                 "ge_good_loss_pct", "reorder_pct"):
+                 "ge_good_loss_pct", "reorder_pct", "duplicate_pct"):
         _check_number(name, getattr(p, name), 0.0, 100.0)
     _check_int("limit_pkts", p.limit_pkts, 1)
     _check_int("seed", p.seed, 0)
@@ -247,6 +251,7 @@ class LineStats:
     dropped_down: int = 0
     dropped_tx: int = 0  # the out interface refused the frame (e.g. ENOBUFS)
     dropped_kernel: int = 0  # IF_IN socket buffer overflowed (saturated); not in frames_in
+    duplicated: int = 0  # copies made by duplicate_pct (held besides their original)
     # frames timed when read, without the kernel's receive timestamp (testbed.net.delayline)
     unstamped: int = 0
     # how late each sent frame left: its send time minus its release time (the fidelity
@@ -313,6 +318,12 @@ class HoldQueue:
             return Verdict.DROPPED_LIMIT
         release_s = self._release_time_s(now_s)
         heapq.heappush(self._heap, (release_s, next(self._arrival), frame, size))
+        if (self._params.duplicate_pct > 0 and len(self._heap) < self._params.limit_pkts
+                and self._rng.random() * 100.0 < self._params.duplicate_pct):
+            # netem's duplicate: a copy enqueued again, with its own delay draw
+            st.duplicated += 1
+            heapq.heappush(self._heap, (self._release_time_s(now_s), next(self._arrival),
+                                        frame, size))
         return Verdict.HELD
 
     def next_release_s(self) -> float | None:

@@ -40,6 +40,7 @@ sends wherever tc 6.1 can express it (tests/unit/fixtures/netem):
   if rnd < r, loses if rnd > h. So p = p_pct, r = r_pct, k1 = good_loss_pct,
   h = 0xFFFFFFFF - u32(bad_loss_pct) (tc's "1-h" arithmetic, not u32(100-x)).
 - reorder: TCA_NETEM_REORDER, gap 1 (tc's default).
+- duplicate: qopt.duplicate, the u32 probability (no correlation attribute).
 - TCA_NETEM_PRNG_SEED (u64) before the table, where newer iproute2 puts it
   (tc 6.1 has no seed keyword; kernels without the attribute ignore it).
 - TCA_NETEM_DELAY_DIST: 4096 s16, generated here with the arithmetic of
@@ -84,6 +85,7 @@ class NetemParams:
     ge_bad_loss_pct: float = 100.0  # loss probability in BAD (tc's 1-h)
     ge_good_loss_pct: float = 0.0  # loss probability in GOOD (tc's 1-k)
     reorder_pct: float = 0.0  # share of packets sent at once, ahead of delayed ones
+    duplicate_pct: float = 0.0  # share of packets sent twice (qopt.duplicate)
     limit_pkts: int = 1000  # netem queue length in packets (tc default 1000)
     seed: int | None = None  # netem PRNG seed (TCA_NETEM_PRNG_SEED); None: kernel picks
 
@@ -172,7 +174,7 @@ def encode_options(p: NetemParams) -> dict:
         "limit": p.limit_pkts,
         "loss": pct_to_u32(p.loss_pct) if p.loss_model == "random" else 0,
         "gap": 1 if p.reorder_pct else 0,
-        "duplicate": 0,
+        "duplicate": pct_to_u32(p.duplicate_pct),
         "jitter": jitter,
         "attrs": attrs,
     }

@@ -10,7 +10,7 @@ Shape (docs/design.md, "The emulated network"): each datacenter is a Linux
 bridge with its hosts and a gateway ``gw{dc}``; the gateways reach each
 other through the WAN node ``wan``. A *channel* is one shaped direction of a
 link: htb (rate/k) on the sending interface's egress, with a leaf that is
-either netem (delay, jitter, loss, reorder; netem backend) or a packet fifo
+either netem (delay, jitter, loss, reorder, duplication; netem backend) or a packet fifo
 whose delay stage is the userspace delay line in the WAN node (userspace
 backend).
 
@@ -66,10 +66,11 @@ class Impairment:
     reorder_pct: float
     limit_pkts: int   # packets the stage may hold (in flight + queue)
     seed: int
+    duplicate_pct: float = 0.0
 
     def __post_init__(self) -> None:  # same rules as the LinkSpec it comes from (SpecError)
         check_delay_stage(self.delay_ms, self.jitter_ms, self.distribution, self.loss,
-                          self.reorder_pct)
+                          self.reorder_pct, self.duplicate_pct)
         for name in ("limit_pkts", "seed"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < (1 if name == "limit_pkts" else 0):
@@ -80,7 +81,7 @@ class Impairment:
     def of(cls, spec: LinkSpec, limit_pkts: int, seed: int) -> "Impairment":
         """The delay/loss stage of one direction: the LinkSpec's values, limit and seed."""
         return cls(spec.delay_ms, spec.jitter_ms, spec.jitter_distribution, spec.loss,
-                   spec.reorder_pct, limit_pkts, seed)
+                   spec.reorder_pct, limit_pkts, seed, spec.duplicate_pct)
 
 
 @dataclass(frozen=True)

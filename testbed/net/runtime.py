@@ -34,12 +34,13 @@ from testbed.errors import ApplyError, EmulationError
 from testbed.net import naming, tc
 from testbed.net.encoders import delay_params
 from testbed.net.impairments import DelayParams
-from testbed.net.plan import Channel, NetworkPlan, queue_rtt_ms, select_channels, sized_channel
+from testbed.net.plan import (Channel, Impairment, NetworkPlan, queue_rtt_ms, select_channels,
+                              sized_channel)
 from testbed.net.shaping import Backend, htb_params
 from testbed.spec.link import LossSpec
 from testbed.spec.topology import gateway_name, host_ifname
 
-CHANGEABLE = ("rate_gbit", "delay_ms", "jitter_ms", "loss_pct", "loss")
+CHANGEABLE = ("rate_gbit", "delay_ms", "jitter_ms", "loss_pct", "loss", "duplicate_pct")
 
 
 @dataclass(frozen=True)
@@ -107,11 +108,11 @@ def plan_set_link(plan: NetworkPlan, channels: dict[str, Channel], link: str,
                               queue_rtt_ms(plan.topology, ch.link, wan_delays),
                               ch.impairment is not None,
                               ch.impairment.seed if ch.impairment else 0, ch.delay_line)
-        else:  # rate (and loss) only: the queue stays as planned
+        else:  # rate, loss or duplication only: the queue stays as planned
             n = dataclasses.replace(ch, spec=spec, htb=htb_params(spec.rate_gbit, plan.scale))
             if ch.impairment:
-                n = dataclasses.replace(n, impairment=dataclasses.replace(ch.impairment,
-                                                                          loss=spec.loss))
+                n = dataclasses.replace(n, impairment=Impairment.of(
+                    spec, ch.impairment.limit_pkts, ch.impairment.seed))
         if n != ch:
             new[cid] = n
     ops: list[Op] = []
@@ -171,7 +172,7 @@ def apply(net, ops) -> None:
 
 
 def set_link(net, link: str, **changes) -> list[Channel]:
-    """Change rate_gbit/delay_ms/jitter_ms/loss_pct (or loss=LossSpec) of a link.
+    """Change rate_gbit/delay_ms/jitter_ms/loss_pct (or loss=LossSpec)/duplicate_pct of a link.
 
     Returns the changed channels of ``link`` (the other WAN direction is
     re-sized too when a WAN delay changes, and logged as ``queue_resize``).

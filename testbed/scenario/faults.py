@@ -1,101 +1,86 @@
 """Fault timeline -> timed actions on the live network and roles.
 
-Owns the translation of FaultSpecs into ``Action``s (time from workload
-start, a callable, a label). An action may return further actions (none do
-yet beyond the ones planned here). Every fault logs ``fault_start`` and,
-when it has an end, ``fault_end`` to the events log, so plots can mark
-them; the network/role changes themselves log their own events. A fault
-that started is always ended: when the workload finishes first, the runner
-runs its end action at once (so cross traffic stops and the link is
-restored before the run's last samples, and the log pairs every start).
+Each fault kind's module (testbed/spec/faultkinds/) says which actions it
+takes and when; this module gives them the live operations (``LiveOps``:
+the network runtime, cross traffic, the role processes) and logs
+``fault_start`` and, when the fault has an end, ``fault_end`` to the events
+log (``testbed.types.FaultEvent``), so plots and the report mark them; the
+network/role changes themselves log their own events. A fault that started
+is always ended: when the workload finishes first, the runner runs its end
+action at once (so cross traffic stops and the link is restored before the
+run's last samples, and the log pairs every start).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
 from typing import Callable
 
 from testbed.net import runtime
 from testbed.net.crosstraffic import start_cross_traffic
 from testbed.net.plan import select_channels
-from testbed.spec.faults import FaultSpec
+from testbed.spec.faultkinds import kind
+from testbed.spec.faultkinds.base import Action, FaultSpec
+from testbed.types import FaultEvent
+
+__all__ = ["Action", "LiveOps", "actions_for"]
+
+_RESTORABLE = ("rate_gbit", "delay_ms", "jitter_ms", "loss", "duplicate_pct")
 
 
-@dataclass(frozen=True)
-class Action:
-    at_s: float
-    label: str
-    run: Callable[[], object]
-    starts: int | None = None  # the index of the fault this action starts
-    ends: int | None = None  # ... or ends: run even when the workload finished first
+class LiveOps:
+    """The operations a fault kind's actions call (testbed.spec.faultkinds.base.Ops).
+
+    ``restore`` sets a field of each direction back to its value when these
+    ops were made (each direction its own, so an asymmetric link stays so)."""
+
+    def __init__(self, net, roles, link: str):
+        self.net, self.roles = net, roles
+        self._orig = {ch.id: {k: getattr(ch.spec, k) for k in _RESTORABLE}
+                      for ch in select_channels(net.channels.values(), link)} if net else {}
+
+    def set_link(self, link: str, **changes):
+        return runtime.set_link(self.net, link, **changes)
+
+    def restore(self, link: str, *fields: str) -> None:
+        for cid, values in self._orig.items():
+            runtime.set_link(self.net, cid, **{k: values[k] for k in fields})
+
+    def link_down(self, link: str):
+        return runtime.link_down(self.net, link)
+
+    def link_up(self, link: str):
+        return runtime.link_up(self.net, link)
+
+    def cross_traffic(self, flows: int, direction: str):
+        return start_cross_traffic(self.net, flows, direction)
+
+    def kill(self, role: str, instance: str | None):
+        return self.roles.kill(role, instance)
+
+    def restart(self, role: str, instance: str | None):
+        return self.roles.restart(role, instance)
 
 
 def _logged(net, fault: FaultSpec, edge: str, fn: Callable[[], object]) -> Callable[[], object]:
     def run():
-        net.events.record(f"fault_{edge}", fault=fault.index, fault_kind=fault.kind,
-                          link=fault.link, **_plain(fault.params))
+        net.events.record(**FaultEvent(edge, fault.index, fault.kind, fault.link,
+                                       _plain(fault.params)).record())
         return fn()
     return run
 
 
 def _plain(params: dict) -> dict:
-    out = {}
-    for k, v in params.items():
-        out[k] = v.__dict__ if hasattr(v, "__dict__") else v
-    return out
-
-
-def _original(net, link: str) -> dict[str, dict]:
-    """Each channel of ``link`` with its own values before the fault (a restore
-    sets each direction back to its own, so an asymmetric link stays so)."""
-    return {ch.id: {"rate_gbit": ch.spec.rate_gbit, "delay_ms": ch.spec.delay_ms,
-                    "jitter_ms": ch.spec.jitter_ms, "loss": ch.spec.loss}
-            for ch in select_channels(net.channels.values(), link)}
-
-
-def _restore(net, orig: dict[str, dict], *fields: str) -> None:
-    for cid, values in orig.items():
-        runtime.set_link(net, cid, **{k: values[k] for k in fields})
+    return {k: (dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v)
+            for k, v in params.items()}
 
 
 def actions_for(fault: FaultSpec, net, roles) -> list[Action]:
-    """The timed actions of one fault (``roles`` kills role processes)."""
-    f, p, at = fault, fault.params, fault.at_s
-    orig = _original(net, f.link)
-    start = lambda fn: Action(at, f"{f.kind} start", _logged(net, f, "start", fn),  # noqa: E731
-                              starts=f.index)
-    end = lambda fn: Action(f.end_s, f"{f.kind} end", _logged(net, f, "end", fn),  # noqa: E731
-                            ends=f.index)
-    out: list[Action] = []
-    if f.kind == "bandwidth":
-        out.append(start(lambda: runtime.set_link(net, f.link, rate_gbit=p["rate_gbit"])))
-        if f.end_s is not None:
-            out.append(end(lambda: _restore(net, orig, "rate_gbit")))
-    elif f.kind == "bandwidth_schedule":
-        out.append(start(lambda: None))
-        for off, rate in p["schedule"]:
-            out.append(Action(at + off, f"bandwidth {rate:g} Gbit/s",
-                              lambda r=rate: runtime.set_link(net, f.link, rate_gbit=r)))
-    elif f.kind == "rtt":
-        out.append(start(lambda: runtime.set_link(net, f.link, delay_ms=p["one_way_delay_ms"],
-                                                  jitter_ms=p["jitter_ms"])))
-        if f.end_s is not None:
-            out.append(end(lambda: _restore(net, orig, "delay_ms", "jitter_ms")))
-    elif f.kind == "loss":
-        out.append(start(lambda: runtime.set_link(net, f.link, loss=p["loss"])))
-        if f.end_s is not None:
-            out.append(end(lambda: _restore(net, orig, "loss")))
-    elif f.kind == "link_flap":
-        out.append(start(lambda: runtime.link_down(net, f.link)))
-        out.append(end(lambda: runtime.link_up(net, f.link)))
-    elif f.kind == "congestion":
-        holder: dict = {}
-        out.append(start(lambda: holder.setdefault(
-            "flows", start_cross_traffic(net, p["flows"], p["direction"]))))
-        out.append(end(lambda: holder["flows"].stop() if "flows" in holder else None))
-    elif f.kind == "kill":
-        out.append(start(lambda: roles.kill(p["role"], p["instance"])))
-    elif f.kind == "restart":
-        out.append(start(lambda: roles.kill(p["role"], p["instance"])))
-        out.append(end(lambda: roles.restart(p["role"], p["instance"])))
+    """The timed actions of one fault (``roles`` kills and restarts role processes)."""
+    out = []
+    for a in kind(fault.kind).actions(fault, LiveOps(net, roles, fault.link)):
+        if a.starts is not None or a.ends is not None:
+            edge = "start" if a.starts is not None else "end"
+            a = dataclasses.replace(a, run=_logged(net, fault, edge, a.run))
+        out.append(a)
     return out

@@ -1,4 +1,4 @@
-"""Link impairment specs: rate, delay, jitter, loss, reorder, queue limit.
+"""Link impairment specs: rate, delay, jitter, loss, reorder, duplication, queue limit.
 
 Owns LinkSpec and LossSpec (frozen, validated in their constructors, so a
 scenario ``wan:`` override, a CLI flag or a fault cannot build an invalid
@@ -10,7 +10,8 @@ way. Pure: it checks values, never touches the kernel.
 Example YAML::
 
     link: {rate_gbit: 10, delay_ms: 10, jitter_ms: 1, jitter_distribution: normal,
-           loss: {model: gilbert_elliott, p_pct: 1, r_pct: 25}, reorder_pct: 0}
+           loss: {model: gilbert_elliott, p_pct: 1, r_pct: 25}, reorder_pct: 0,
+           duplicate_pct: 0}
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ def _check_choice(name: str, value: object, allowed: tuple[str, ...]) -> None:
 
 
 def check_delay_stage(delay_ms: object, jitter_ms: object, distribution: object,
-                      loss: object, reorder_pct: object) -> None:
+                      loss: object, reorder_pct: object, duplicate_pct: object = 0.0) -> None:
     """The rules every delay/loss stage obeys (LinkSpec and the plan's Impairment)."""
     _check_number("delay_ms", delay_ms, 0.0, MAX_DELAY_MS)
     _check_number("jitter_ms", jitter_ms, 0.0, MAX_DELAY_MS)
@@ -105,6 +106,7 @@ def check_delay_stage(delay_ms: object, jitter_ms: object, distribution: object,
     if reorder_pct > 0 and delay_ms == 0:
         raise SpecError(_WHAT, "reorder_pct", "0 when delay_ms is 0 (reordering needs a delay)",
                         reorder_pct)
+    _check_number("duplicate_pct", duplicate_pct, 0.0, 100.0)
 
 
 NO_LOSS = LossSpec()
@@ -121,11 +123,12 @@ class LinkSpec:
     loss: LossSpec = NO_LOSS
     reorder_pct: float = 0.0
     queue_limit_pkts: int | None = None  # None: sized from the BDP by the planner
+    duplicate_pct: float = 0.0  # share of packets sent twice (netem's duplicate)
 
     def __post_init__(self) -> None:
         _check_number("rate_gbit", self.rate_gbit, 0.0, MAX_RATE_GBIT, lo_open=True)
         check_delay_stage(self.delay_ms, self.jitter_ms, self.jitter_distribution, self.loss,
-                          self.reorder_pct)
+                          self.reorder_pct, self.duplicate_pct)
         q = self.queue_limit_pkts
         if q is not None and (not isinstance(q, int) or isinstance(q, bool) or q < 1):
             raise SpecError(_WHAT, "queue_limit_pkts", "an integer >= 1 or none", q)
@@ -171,8 +174,9 @@ def parse_link(f: Fields, base: LinkSpec | None = None) -> LinkSpec:
         loss = b.loss
     reorder = f.num("reorder_pct", b.reorder_pct, **_PCT)
     limit = f.int("queue_limit_pkts", b.queue_limit_pkts, lo=1)
+    duplicate = f.num("duplicate_pct", b.duplicate_pct, **_PCT)
     f.done()
     try:
-        return LinkSpec(rate, delay, jitter, dist, loss, reorder, limit)
+        return LinkSpec(rate, delay, jitter, dist, loss, reorder, limit, duplicate)
     except SpecError as e:  # a rule across fields (LinkSpec's): name the YAML field
         raise f.error(e.path, e.expected, e.got) from None

@@ -206,7 +206,7 @@ def _parse_topology(f: Fields, base: Path) -> Topology:
 
 
 _WAN_FIELDS = ("rate_gbit", "delay_ms", "jitter_ms", "jitter_distribution", "loss", "reorder_pct",
-               "queue_limit_pkts")
+               "queue_limit_pkts", "duplicate_pct")
 
 
 def parse_scenario(data: object, file: str) -> Scenario:

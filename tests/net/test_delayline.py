@@ -234,6 +234,24 @@ def test_random_loss_one_percent_within_0_3_points(net):
     assert abs(lost_pct - 1.0) <= 0.3
 
 
+def test_duplicate_share_sends_that_share_twice(net):
+    """20% duplication a>b: ping's echo requests arrive twice that often, and each
+    copy is answered, so ping counts (DUP!) replies; 500 pings, binomial sd 8.9."""
+    net.lines["ab"].set(net.params("ab", delay_ms=5.0, duplicate_pct=20.0))
+    net.lines["ba"].set(net.params("ba", delay_ms=5.0))
+    before = net.lines["ab"].stats()
+    args = net.exec_args(net.ns_a, "ping", "-n", "-c", "500", "-i", "0.005", "-W", "1", ADDR_B)
+    out = run(args, check=False).stdout
+    after = net.lines["ab"].stats()
+    net.set_both(delay_ms=10.0)
+    dups = out.count("(DUP!)")
+    copies = after["duplicated"] - before["duplicated"]
+    frames = after["frames_in"] - before["frames_in"]
+    print(f"duplicate 20%: ping {dups} DUP! of 500; delay line {copies} copies of {frames} frames")
+    assert 500 * 0.2 - 4 * 8.95 <= dups <= 500 * 0.2 + 4 * 8.95
+    assert dups <= copies <= dups + (frames - 500)  # other frames (ARP) may be copied too
+
+
 def test_runtime_set_changes_rtt(net):
     net.set_both(delay_ms=10.0)
     assert_rtt(net, 20.0, count=11)
@@ -265,7 +283,7 @@ def test_counters_add_up(net):
     for name, ctl in net.lines.items():
         s = ctl.stats()
         dropped = s["dropped_loss"] + s["dropped_limit"] + s["dropped_down"] + s["dropped_tx"]
-        assert s["frames_in"] == s["frames_out"] + dropped + s["held"], (name, s)
+        assert s["frames_in"] + s["duplicated"] == s["frames_out"] + dropped + s["held"], (name, s)
         assert s["frames_out"] > 0 and s["bytes_out"] > 0
         print(f"delay line {name}: {s}")
 

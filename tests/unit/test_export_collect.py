@@ -67,6 +67,9 @@ def test_collect_makes_a_run_directory_the_report_reads(export_dir, tmp_path):
         ("workload_start", 99.5), ("fault_start", 119.5), ("fault_end", 129.5),
         ("workload_end", 130.0)]  # restart at 20 s for 10 s, as planned
     assert all(e.get("planned") for e in events if e["kind"].startswith("fault"))
+    # the runner's vocabulary: the scenario's kind, the cluster action beside it
+    assert {(e["fault_kind"], e["action"], e["target"]) for e in events
+            if e["kind"].startswith("fault")} == {("restart", "pod-failure", "md1")}
     from testbed.report import build_report
 
     summary = build_report(run)

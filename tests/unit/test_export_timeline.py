@@ -104,17 +104,17 @@ def test_asymmetric_wan_keeps_each_directions_nominal():
 
 
 @pytest.mark.parametrize("kind, params, duration, want", [
-    ("link_flap", {}, 3.0, Step(10.0, 3.0, "partition", "wan", 0)),
+    ("link_flap", {}, 3.0, Step(10.0, 3.0, "partition", "wan", 0, "link_flap")),
     ("kill", {"role": "relay_decode", "instance": None}, None,
-     Step(10.0, 90.0, "pod-failure", "rld1", 0)),
+     Step(10.0, 90.0, "pod-failure", "rld1", 0, "kill")),
     ("restart", {"role": "main_decode", "instance": "md2"}, 10.0,
-     Step(10.0, 10.0, "pod-failure", "md2", 0)),
+     Step(10.0, 10.0, "pod-failure", "md2", 0, "restart")),
     ("restart", {"role": "main_decode", "instance": None}, 10.0,
-     Step(10.0, 10.0, "pod-failure", "md1", 0)),
+     Step(10.0, 10.0, "pod-failure", "md1", 0, "restart")),
     ("congestion", {"flows": 3, "direction": "b>a"}, 40.0,
-     Step(10.0, 40.0, "cross-traffic", "b>a", 0, 3)),
+     Step(10.0, 40.0, "cross-traffic", "b>a", 0, "congestion", 3)),
     ("congestion", {"flows": 2, "direction": "a>b"}, 95.0,   # cut at the horizon
-     Step(10.0, 90.0, "cross-traffic", "a>b", 0, 2)),
+     Step(10.0, 90.0, "cross-traffic", "a>b", 0, "congestion", 2)),
 ])
 def test_each_step_kind(kind, params, duration, want):
     tl = translate((fault(0, 10, kind, duration, **params),), WAN, ROLES, 100.0)

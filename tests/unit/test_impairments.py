@@ -238,6 +238,34 @@ def test_reorder_share_is_sent_at_once_and_overtakes():
     assert order != sorted(order)
 
 
+def test_duplicate_share_holds_a_copy_with_its_own_delay_and_counts_add_up():
+    q = HoldQueue(DelayParams(delay_ms=10, jitter_ms=2, duplicate_pct=10, seed=3))
+    n = 20_000
+    out = []
+    for i in range(n):
+        q.admit(i * 1e-3, i, 100)
+        out += [f for f, _ in q.pop_due(i * 1e-3)]
+    out += [f for f, _ in q.pop_due(math.inf)]
+    st = q.stats
+    copies = len(out) - n
+    assert copies == st.duplicated and len(set(out)) == n  # every frame, some twice
+    assert abs(copies / n - 0.10) <= Z * math.sqrt(0.10 * 0.90 / n)
+    assert st.frames_in + st.duplicated == len(out) + q.held
+    first, last = {}, {}
+    for pos, f in enumerate(out):
+        first.setdefault(f, pos)
+        last[f] = pos
+    apart = [last[f] - first[f] for f in first if last[f] != first[f]]
+    assert len(apart) == copies and max(apart) > 1  # a copy draws its own delay
+
+
+def test_a_copy_never_exceeds_the_limit():
+    q = HoldQueue(DelayParams(delay_ms=10, duplicate_pct=100, limit_pkts=3))
+    verdicts = [q.admit(0.0, i, 100) for i in range(3)]
+    assert verdicts == [Verdict.HELD, Verdict.HELD, Verdict.DROPPED_LIMIT]
+    assert q.held == 3 and q.stats.duplicated == 1  # frame 0's copy; frame 1's found no room
+
+
 def test_limit_drops_frames_beyond_limit_pkts():
     q = HoldQueue(DelayParams(delay_ms=10, limit_pkts=3))
     verdicts = [q.admit(0.0, i, 100) for i in range(5)]
@@ -310,7 +338,8 @@ def test_handle_control_stats_set_and_errors():
     stats = handle_control(q, b'{"op": "stats"}')
     assert stats == {"ok": True, "frames_in": 0, "frames_out": 0, "bytes_in": 0, "bytes_out": 0,
                      "dropped_loss": 0, "dropped_limit": 0, "dropped_down": 0,
-                     "dropped_tx": 0, "dropped_kernel": 0, "unstamped": 0, "realtime": False,
+                     "dropped_tx": 0, "dropped_kernel": 0, "duplicated": 0, "unstamped": 0,
+                     "realtime": False,
                      "held": 0,
                      "lateness": {"n": 0, "sum_ms": 0.0, "max_ms": 0.0, "counts": {}}}
     assert handle_control(q, b'{"op": "set", "params": {"delay_ms": 7}}') == {"ok": True}

@@ -47,6 +47,7 @@ CASES = {
     "ge_p_only": ("root", NetemParams(
         delay_us=100_000, jitter_us=10_000, distribution="normal", loss_model=GE,
         ge_p_pct=0.5, ge_r_pct=99.5)),
+    "delay_duplicate": ("root", NetemParams(delay_us=10_000, duplicate_pct=1)),
     "long_delay_200s": ("root", NetemParams(delay_us=200_000_000, limit_pkts=100_000)),
     "replace_child_ge": ("child", NetemParams(
         delay_us=5_000, jitter_us=1_000, loss_model=GE, ge_p_pct=2, ge_r_pct=30,

@@ -186,7 +186,8 @@ def test_fault_restores_each_direction_to_its_own_values(backend, fake_delay_lin
                         params={"one_way_delay_ms": 40.0, "jitter_ms": 1.0}),
               FaultSpec(1, 3.0, "bandwidth", duration_s=1.0, params={"rate_gbit": 10.0}),
               FaultSpec(2, 5.0, "loss", duration_s=1.0,
-                        params={"loss": LossSpec("random", pct=2.0)})]
+                        params={"loss": LossSpec("random", pct=2.0)}),
+              FaultSpec(3, 7.0, "duplicate", duration_s=1.0, params={"pct": 5.0})]
     for f in faults:
         start, end = actions_for(f, net, roles=None)
         start.run()
@@ -195,6 +196,21 @@ def test_fault_restores_each_direction_to_its_own_values(backend, fake_delay_lin
         for cid in ("wan/a>b", "wan/b>a"):
             assert net.channels[cid] == before[cid], (f.kind, cid)
     assert net.channels["wan/b>a"].spec.delay_ms == 5.0  # not a>b's 15
+
+
+@pytest.mark.parametrize("backend", list(Backend), ids=lambda b: b.value)
+def test_duplicate_reaches_the_delay_stage_and_keeps_the_queue(backend, fake_delay_lines):
+    net = fake_delay_lines(FakeNet(TWO_DC, backend))
+    before = dict(net.channels)
+    runtime.set_link(net, "wan/a>b", duplicate_pct=5.0)
+    ab = net.channels["wan/a>b"]
+    assert ab.impairment.duplicate_pct == 5.0 and ab.queue_pkts == before["wan/a>b"].queue_pkts
+    assert net.channels["wan/b>a"] == before["wan/b>a"]
+    if backend is Backend.NETEM:
+        (leaf,) = _leaves(net, "netem").values()
+        assert leaf["duplicate_pct"] == 5.0
+    else:
+        assert [(cid, p.duplicate_pct) for cid, p in net.delay_line_sets] == [("wan/a>b", 5.0)]
 
 
 def test_rtt_fault_restore_sends_each_direction_its_own_delay():

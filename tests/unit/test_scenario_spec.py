@@ -222,8 +222,8 @@ def test_a_restart_fault_kills_then_starts_the_same_instance_after_down_s():
     from testbed.spec.faults import FaultSpec
 
     calls, events = [], []
-    channel = SimpleNamespace(link="wan", id="wan", spec=SimpleNamespace(
-        rate_gbit=10.0, delay_ms=20.0, jitter_ms=0.0, loss=None))
+    from testbed.spec.link import LinkSpec
+    channel = SimpleNamespace(link="wan", id="wan", spec=LinkSpec(10.0, 20.0))
     net = SimpleNamespace(channels={"wan": channel}, events=SimpleNamespace(
         record=lambda kind, **kw: events.append(kind)))
     roles = SimpleNamespace(kill=lambda role, inst: calls.append(("kill", role, inst)),

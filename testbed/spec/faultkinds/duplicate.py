@@ -1,0 +1,27 @@
+"""``duplicate``: the link sends ``pct`` percent of its packets twice (netem's
+``duplicate``; the delay line's copy takes its own delay draw, as netem's
+does). A duplicated TCP segment reaches the receiver twice and is dropped
+there as a duplicate: what it costs is link capacity and the receiver's
+duplicate ACKs (D-SACK), which a sender must not read as loss."""
+
+from __future__ import annotations
+
+from testbed.spec.faultkinds.base import Export, end, start, wan_set
+
+NAME = "duplicate"
+DOC = "pct [link] [duration_s]                   packets sent twice"
+
+
+def parse(f, base, duration_s):
+    return {"pct": f.num("pct", lo=0, hi=100, unit="percent")}, duration_s
+
+
+def actions(fault, ops):
+    out = [start(fault, lambda: ops.set_link(fault.link, duplicate_pct=fault.params["pct"]))]
+    if fault.end_s is not None:
+        out.append(end(fault, lambda: ops.restore(fault.link, "duplicate_pct")))
+    return out
+
+
+def export(fault, nominal, instances, horizon_s, notes):
+    return Export(wan=wan_set(fault, nominal, {"duplicate_pct": fault.params["pct"]}))
