@@ -71,7 +71,7 @@ import struct
 import sys
 import time
 
-from testbed.errors import EmulationError
+from testbed.errors import EmulationError, SpecError
 from testbed.net.impairments import DelayParams, HoldQueue
 
 ETH_P_ALL = 0x0003
@@ -151,7 +151,7 @@ def handle_control(queue: HoldQueue, data: bytes) -> dict:
             queue.set_params(DelayParams.from_dict(msg.get("params")))
             return {"ok": True}
         return {"ok": False, "error": f"unknown op {op!r}; expected 'set' or 'stats'"}
-    except (ValueError, TypeError) as exc:  # JSON errors are ValueErrors
+    except (ValueError, TypeError, SpecError) as exc:  # JSON errors are ValueErrors
         return {"ok": False, "error": str(exc)}
 
 
@@ -373,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         params = DelayParams.from_json(args.params)
-    except ValueError as exc:
+    except (ValueError, SpecError) as exc:
         print(f"delayline: bad --params: {exc}", file=sys.stderr)
         return 2
     stop = StopFlag()

@@ -23,11 +23,13 @@ from testbed.net.plan import Impairment
 
 
 def netem_params(imp: Impairment) -> NetemParams:
-    """netem's options for a stage; tc's rule: a distribution only with jitter."""
+    """netem's options for a stage; tc's rule: a distribution table only with a delay
+    and a jitter (else 'uniform', which sends none)."""
     loss = imp.loss
+    delay_us, jitter_us = int(round(imp.delay_ms * 1000)), int(round(imp.jitter_ms * 1000))
     return NetemParams(
-        delay_us=int(round(imp.delay_ms * 1000)), jitter_us=int(round(imp.jitter_ms * 1000)),
-        distribution=imp.distribution if imp.jitter_ms > 0 else "uniform",
+        delay_us=delay_us, jitter_us=jitter_us,
+        distribution=imp.distribution if delay_us > 0 and jitter_us > 0 else "uniform",
         loss_model=loss.model, loss_pct=loss.pct, ge_p_pct=loss.p_pct, ge_r_pct=loss.r_pct,
         ge_bad_loss_pct=loss.bad_loss_pct, ge_good_loss_pct=loss.good_loss_pct,
         reorder_pct=imp.reorder_pct, duplicate_pct=imp.duplicate_pct, limit_pkts=imp.limit_pkts,

@@ -3,9 +3,10 @@
 This module owns what the delay line decides about each frame, with netem's
 semantics, so it can be unit-tested with fake clocks and fake frames:
 
-- ``DelayParams``: the frozen, validated parameters of one link direction
+- ``DelayParams``: the frozen parameters of one link direction
   (delay, jitter and its distribution, loss model, reorder share, duplicate
-  share, queue limit, seed, up/down), with a JSON round trip. ``validate_params`` is the pure check.
+  share, queue limit, seed, up/down), with a JSON round trip; ``check_params`` is
+  the pure check of what arrives as JSON (the spec's rules of a delay stage).
 - ``jitter_sample``: one draw from netem's delay distributions
   (``JITTER_DISTRIBUTIONS``, testbed/spec/link.py), in units of the jitter.
 - ``RandomLoss`` / ``GilbertElliottLoss``: the loss models (netem ``loss
@@ -45,7 +46,8 @@ from dataclasses import asdict, dataclass, field, fields
 from statistics import NormalDist
 
 from testbed.histogram import LatencyHistogram
-from testbed.spec.link import JITTER_DISTRIBUTIONS, LOSS_MODELS
+from testbed.errors import SpecError
+from testbed.spec.link import JITTER_DISTRIBUTIONS, LOSS_MODELS, LossSpec, check_delay_stage
 
 # netem's distribution tables run from -4 to +4 (s16 entries / NETEM_DIST_SCALE 8192).
 _TABLE_MAX = 32767 / 8192
@@ -69,9 +71,12 @@ class Verdict(enum.Enum):
 
 @dataclass(frozen=True)
 class DelayParams:
-    """Impairments of one link direction; its fields validated on construction (they
-    also arrive as JSON); built from an already validated LinkSpec (testbed/spec/link.py),
-    whose rules are not checked again."""
+    """Impairments of one link direction, as the delay line takes them: a plain
+    encoding of the plan's validated stage (testbed.net.encoders.delay_params builds
+    it from an ``Impairment`` and nothing checks it again). What arrives as JSON
+    (the command line, the control socket) is checked by ``from_dict`` against the
+    one rule set of a delay stage, testbed/spec/link.py's (SpecError naming the
+    JSON field), and the line's own fields (limit_pkts, seed, up)."""
 
     delay_ms: float = field(default=0.0, metadata={"help": "base one-way delay"})
     jitter_ms: float = field(default=0.0, metadata={"help": "jitter scale (netem's jitter)"})
@@ -96,7 +101,6 @@ class DelayParams:
     up: bool = field(default=True, metadata={"help": "false: link down, drop all"})
 
     def __post_init__(self) -> None:
-        validate_params(self)
         object.__setattr__(self, "jitter_distribution",
                            JitterDistribution(self.jitter_distribution))
         object.__setattr__(self, "loss_model", LossModel(self.loss_model))
@@ -116,6 +120,7 @@ class DelayParams:
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"params: unknown field(s) {unknown}, known: {sorted(known)}")
+        check_params({**{f.name: f.default for f in fields(cls)}, **data})
         return cls(**data)
 
     @classmethod
@@ -127,43 +132,30 @@ class DelayParams:
         return cls.from_dict(data)
 
 
-def _check_number(name: str, value: object, lo: float, hi: float = math.inf) -> None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not ok or not math.isfinite(value) or not lo <= value <= hi:
-        bound = f"[{lo}, {hi}]" if hi != math.inf else f">= {lo}"
-        raise ValueError(f"{name}: expected a finite number {bound}, got {value!r}")
+# the JSON field of each field a delay stage's rules name (testbed/spec/link.py)
+_JSON_NAME = {"loss.model": "loss_model", "loss.pct": "loss_pct", "loss.p_pct": "ge_p_pct",
+              "loss.r_pct": "ge_r_pct", "loss.bad_loss_pct": "ge_bad_loss_pct",
+              "loss.good_loss_pct": "ge_good_loss_pct"}
 
 
-def _check_choice(name: str, value: object, enum_cls: type[enum.StrEnum]) -> None:
-    allowed = [m.value for m in enum_cls]
-    if value not in allowed:
-        raise ValueError(f"{name}: expected one of {allowed}, got {value!r}")
-
-
-def _check_int(name: str, value: object, lo: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < lo:
-        raise ValueError(f"{name}: expected an integer >= {lo}, got {value!r}")
-
-
-def validate_params(p: DelayParams) -> None:
-    """Raise ValueError naming the first bad field and its value; no I/O."""
-    _check_number("delay_ms", p.delay_ms, 0.0)
-    _check_number("jitter_ms", p.jitter_ms, 0.0)
-    _check_choice("jitter_distribution", p.jitter_distribution, JitterDistribution)
-    _check_choice("loss_model", p.loss_model, LossModel)
-    for name in ("loss_pct", "ge_p_pct", "ge_r_pct", "ge_bad_loss_pct",
-                 "ge_good_loss_pct", "reorder_pct", "duplicate_pct"):
-        _check_number(name, getattr(p, name), 0.0, 100.0)
-    _check_int("limit_pkts", p.limit_pkts, 1)
-    _check_int("seed", p.seed, 0)
-    if not isinstance(p.up, bool):
-        raise ValueError(f"up: expected true or false, got {p.up!r}")
-    if p.loss_model == LossModel.GILBERT_ELLIOTT and p.loss_pct > 0:
-        raise ValueError(f"loss_pct: must be 0 with loss_model 'gilbert_elliott' "
-                         f"(use ge_*_pct), got {p.loss_pct!r}")
-    if p.loss_model == LossModel.RANDOM and p.ge_p_pct > 0:
-        raise ValueError(f"ge_p_pct: needs loss_model 'gilbert_elliott', got {p.ge_p_pct!r} "
-                         f"with loss_model 'random'")
+def check_params(v: dict) -> None:
+    """Check the fields of a DelayParams given as data (``v``: every field): the rules
+    of a delay stage are the spec's (SpecError naming the JSON field and its value),
+    limit_pkts, seed and up the line's own (ValueError). No I/O."""
+    try:
+        loss = LossSpec(v["loss_model"], v["loss_pct"], v["ge_p_pct"], v["ge_r_pct"],
+                        v["ge_bad_loss_pct"], v["ge_good_loss_pct"])
+        check_delay_stage(v["delay_ms"], v["jitter_ms"], v["jitter_distribution"], loss,
+                          v["reorder_pct"], v["duplicate_pct"])
+    except SpecError as e:
+        raise SpecError("delay line params", _JSON_NAME.get(e.path, e.path), e.expected,
+                        e.got) from None
+    for name, lo in (("limit_pkts", 1), ("seed", 0)):
+        value = v[name]
+        if not isinstance(value, int) or isinstance(value, bool) or value < lo:
+            raise ValueError(f"{name}: expected an integer >= {lo}, got {value!r}")
+    if not isinstance(v["up"], bool):
+        raise ValueError(f"up: expected true or false, got {v['up']!r}")
 
 
 def _pareto_quantile(q: float) -> float:

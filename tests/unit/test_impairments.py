@@ -21,7 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from testbed.errors import EmulationError
+from testbed.errors import EmulationError, SpecError
 from testbed.net.delayline import (MAX_STAMP_AGE_S, SO_TIMESTAMPNS, DelayLineControl, arrival_s,
                                    handle_control)
 from testbed.net.impairments import (DelayParams, GilbertElliottLoss, HoldQueue, RandomLoss,
@@ -45,6 +45,8 @@ BAD_PARAMS = [
     ({"ge_bad_loss_pct": 200}, "ge_bad_loss_pct", "200"),
     ({"ge_good_loss_pct": -1}, "ge_good_loss_pct", "-1"),
     ({"reorder_pct": 150, "delay_ms": 5}, "reorder_pct", "150"),
+    ({"reorder_pct": 5}, "reorder_pct", "5"),  # reordering needs a delay (the spec's rule)
+    ({"duplicate_pct": 101}, "duplicate_pct", "101"),
     ({"limit_pkts": 0}, "limit_pkts", "0"),
     ({"limit_pkts": 10.5}, "limit_pkts", "10.5"),
     ({"seed": -3}, "seed", "-3"),
@@ -56,10 +58,15 @@ BAD_PARAMS = [
 
 @pytest.mark.parametrize("kwargs, field_name, value", BAD_PARAMS)
 def test_invalid_params_name_field_and_value(kwargs, field_name, value):
-    with pytest.raises(ValueError) as info:
-        DelayParams(**kwargs)
-    assert str(info.value).startswith(field_name + ":")
-    assert value in str(info.value)
+    """What arrives as JSON is checked by the spec's rules of a delay stage (SpecError) and
+    the line's own (ValueError); either names the JSON field and the value."""
+    with pytest.raises((ValueError, SpecError)) as info:
+        DelayParams.from_dict(kwargs)
+    message = str(info.value).removeprefix("delay line params: ")
+    assert message.startswith(field_name + ":")
+    assert value in message
+    assert handle_control(HoldQueue(DelayParams()), json.dumps(
+        {"op": "set", "params": kwargs}).encode())["ok"] is False
 
 
 def test_unknown_key_and_bad_json_are_rejected():
@@ -81,7 +88,8 @@ def valid_params(draw):
         jitter_distribution=draw(st.sampled_from(["uniform", "normal", "pareto", "paretonormal"])),
         loss_model="gilbert_elliott" if ge else "random",
         loss_pct=0.0 if ge else draw(pct), ge_p_pct=draw(pct) if ge else 0.0,
-        ge_r_pct=draw(pct), ge_bad_loss_pct=draw(pct), ge_good_loss_pct=draw(pct),
+        ge_r_pct=draw(st.floats(0.01, 100) if ge else pct),  # GE: r > 0 (the spec's rule)
+        ge_bad_loss_pct=draw(pct), ge_good_loss_pct=draw(pct),
         reorder_pct=draw(pct) if delay > 0 else 0.0,
         limit_pkts=draw(st.integers(1, 10**6)), seed=draw(st.integers(0, 2**63)),
         up=draw(st.booleans()))

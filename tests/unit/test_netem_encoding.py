@@ -247,27 +247,28 @@ def test_uniform_sends_no_table_and_unknown_name_raises():
         distribution_table("uniform")
 
 
-# --- validation -------------------------------------------------------------------
+# --- one rule set ---------------------------------------------------------------
 
-@pytest.mark.parametrize("kwargs, field", [
-    (dict(delay_us=1.5), "delay_us"),
-    (dict(delay_us=-1), "delay_us"),
-    (dict(jitter_us=2**63), "jitter_us"),
-    (dict(limit_pkts=0), "limit_pkts"),
-    (dict(distribution="gauss"), "distribution"),
-    (dict(delay_us=10, distribution="normal"), "distribution"),  # no jitter
-    (dict(jitter_us=10, distribution="pareto"), "distribution"),  # no delay
-    (dict(loss_pct=101), "loss_pct"),
-    (dict(loss_pct=True), "loss_pct"),
-    (dict(loss_model="bursty"), "loss_model"),
-    (dict(ge_p_pct=1), "ge_*"),  # GE field with random loss
-    (dict(loss_model=GE, loss_pct=1), "loss_pct"),
-    (dict(seed=-1), "seed"),
-    (dict(seed=2**64), "seed"),
-])
-def test_invalid_params_rejected(kwargs, field):
-    with pytest.raises(PlanError, match=f"netem: {field.replace('*', '[*]')}:"):
-        NetemParams(**kwargs)
+def test_the_encoder_takes_the_spec_validated_stage_and_applies_tcs_table_rule():
+    """NetemParams is a plain encoding: the rules are LinkSpec's (testbed/spec/link.py),
+    checked once when the stage is built; the encoder adds only tc's rule that a
+    distribution table goes with a delay and a jitter."""
+    from testbed.errors import SpecError
+    from testbed.net.encoders import netem_params
+    from testbed.net.plan import Impairment
+    from testbed.spec.link import NO_LOSS, LinkSpec
+
+    with pytest.raises(SpecError, match="reorder_pct"):
+        LinkSpec(10.0, reorder_pct=5)  # reordering needs a delay: the spec says so, once
+    with pytest.raises(SpecError, match="jitter_distribution"):
+        Impairment(5.0, 1.0, "gauss", NO_LOSS, 0.0, 100, 1)
+    jitter_only = netem_params(Impairment.of(LinkSpec(10.0, jitter_ms=1.0,
+                                                      jitter_distribution="pareto"), 100, 1))
+    assert (jitter_only.delay_us, jitter_only.distribution) == (0, "uniform")
+    both = netem_params(Impairment.of(LinkSpec(10.0, delay_ms=5.0, jitter_ms=1.0,
+                                               jitter_distribution="pareto",
+                                               duplicate_pct=2.0), 100, 1))
+    assert (both.distribution, both.duplicate_pct) == ("pareto", 2.0)
 
 
 def test_unknown_tc_keyword_rejected(registered):

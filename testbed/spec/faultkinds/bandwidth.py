@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from testbed.spec.faultkinds.base import Export, start, end, wan_set
+from testbed.spec.faultkinds.base import Export, set_link_actions, wan_set
 
 NAME = "bandwidth"
 DOC = "rate_gbit [link] [duration_s]             one step"
@@ -15,10 +15,7 @@ def parse(f, base, duration_s):
 
 
 def actions(fault, ops):
-    out = [start(fault, lambda: ops.set_link(fault.link, rate_gbit=fault.params["rate_gbit"]))]
-    if fault.end_s is not None:
-        out.append(end(fault, lambda: ops.restore(fault.link, "rate_gbit")))
-    return out
+    return set_link_actions(fault, ops, rate_gbit=fault.params["rate_gbit"])
 
 
 def export(fault, nominal, instances, horizon_s, notes):

@@ -70,6 +70,15 @@ def at(t_s: float, label: str, fn: Callable[[], object]) -> Action:
     return Action(t_s, label, fn)
 
 
+def set_link_actions(fault: FaultSpec, ops: "Ops", **values) -> list[Action]:
+    """A link change: ``values`` at the fault's start; at its end (when it has one)
+    each of those fields back to what it was."""
+    out = [start(fault, lambda: ops.set_link(fault.link, **values))]
+    if fault.end_s is not None:
+        out.append(end(fault, lambda: ops.restore(fault.link, *values)))
+    return out
+
+
 class CrossTraffic(Protocol):
     def stop(self) -> object: ...
 

@@ -6,7 +6,7 @@ duplicate ACKs (D-SACK), which a sender must not read as loss."""
 
 from __future__ import annotations
 
-from testbed.spec.faultkinds.base import Export, end, start, wan_set
+from testbed.spec.faultkinds.base import Export, set_link_actions, wan_set
 
 NAME = "duplicate"
 DOC = "pct [link] [duration_s]                   packets sent twice"
@@ -17,10 +17,7 @@ def parse(f, base, duration_s):
 
 
 def actions(fault, ops):
-    out = [start(fault, lambda: ops.set_link(fault.link, duplicate_pct=fault.params["pct"]))]
-    if fault.end_s is not None:
-        out.append(end(fault, lambda: ops.restore(fault.link, "duplicate_pct")))
-    return out
+    return set_link_actions(fault, ops, duplicate_pct=fault.params["pct"])
 
 
 def export(fault, nominal, instances, horizon_s, notes):

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from testbed.spec.faultkinds.base import Export, end, start, wan_set
+from testbed.spec.faultkinds.base import Export, set_link_actions, wan_set
 from testbed.spec.link import LossSpec, parse_loss
 
 NAME = "loss"
@@ -17,10 +17,7 @@ def parse(f, base, duration_s):
 
 
 def actions(fault, ops):
-    out = [start(fault, lambda: ops.set_link(fault.link, loss=fault.params["loss"]))]
-    if fault.end_s is not None:
-        out.append(end(fault, lambda: ops.restore(fault.link, "loss")))
-    return out
+    return set_link_actions(fault, ops, loss=fault.params["loss"])
 
 
 def export(fault, nominal, instances, horizon_s, notes):

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from testbed.spec.faultkinds.base import Export, end, start, wan_set
+from testbed.spec.faultkinds.base import Export, set_link_actions, wan_set
 
 NAME = "rtt"
 DOC = ("one_way_delay_ms [jitter_ms] [link] [duration_s]  each direction's\n"
@@ -20,11 +20,7 @@ def parse(f, base, duration_s):
 
 def actions(fault, ops):
     p = fault.params
-    out = [start(fault, lambda: ops.set_link(fault.link, delay_ms=p["one_way_delay_ms"],
-                                             jitter_ms=p["jitter_ms"]))]
-    if fault.end_s is not None:
-        out.append(end(fault, lambda: ops.restore(fault.link, "delay_ms", "jitter_ms")))
-    return out
+    return set_link_actions(fault, ops, delay_ms=p["one_way_delay_ms"], jitter_ms=p["jitter_ms"])
 
 
 def export(fault, nominal, instances, horizon_s, notes):
