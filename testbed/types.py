@@ -66,7 +66,7 @@ class PddDefaults:
     anomalous_filter = True              # long input + short output -> rld-only
     late_kv_local = True                 # rld-only when the KV would reach MD after the end
     anomalous_min_input_tokens = 65536   # modeled prompt tokens (real x token_scale) >=
-    anomalous_max_output_tokens = 500    # the brief: "< 500 output tokens"
+    anomalous_max_output_tokens = 500    # the paper: under 500 output tokens (docs/paper.md)
     relay_threshold_s = 0.5              # relay when it gains at least this
     relay_margin_quantile = 0.9          # quantile of recent prediction errors added
     time_scale = 1.0                     # multiplies every modeled compute time

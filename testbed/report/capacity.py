@@ -1,4 +1,4 @@
-"""Capacity planning and benefit-cost ratio (the brief's claim 7), as pure arithmetic.
+"""Capacity planning and benefit-cost ratio (the paper's claim 7, docs/paper.md), as pure arithmetic.
 
 Owns PlanWorkload, Capacities, Fleet, Prices, ``capacities_from_cost_model``,
 ``size_fleets``, ``fleet_cost``, ``compare_fleets``, ``implied_wan_price``,
@@ -13,7 +13,7 @@ The calculation, for a demand of ``demand_rps`` requests of one shape
   ``1 / prefill_s(miss, cached)`` / n_chips), decode on GPU-A and on GPU-B
   (a batch of ``min(KV memory, largest batch whose step fits the TPOT
   SLO)`` requests, each needing ``output_tokens`` steps);
-- same-DC homogeneous PD (the brief's 88 GPU-A): ``ceil(d / prefill_a) +
+- same-DC homogeneous PD (the paper's 88 GPU-A): ``ceil(d / prefill_a) +
   ceil(d / decode_a)`` GPU-A chips;
 - PDD: P on GPU-A as above, RLD on GPU-A for RLD's share of the output
   tokens ``s`` (``ceil(d s / decode_a)``), MD on GPU-B for the rest
@@ -22,12 +22,12 @@ The calculation, for a demand of ``demand_rps`` requests of one shape
 - cost = sum of chips x price + WAN lines x line price; BCR = goodput within
   SLA / cost, so BCR change = goodput ratio / cost ratio - 1.
 
-The brief's figures (tests/unit/test_capacity.py checks them): 43 GPU-A +
+The paper's figures (docs/paper.md; tests/unit/test_capacity.py checks them): 43 GPU-A +
 32 GPU-B + one WAN line vs 88 GPU-A, cost -3.5% to -7.1% with GPU-B priced
-20-30% above GPU-A. The brief gives no WAN line price: the two ends imply
+20-30% above GPU-A. The paper gives no WAN line price: the two ends imply
 0.32 and 0.35 GPU-A (``implied_wan_price``), so the default is 1/3 of a
 GPU-A. With goodput +27.8% the cost ratio 0.929 gives BCR +37.6% (the
-brief: "up to +37.5%").
+paper: "up to +37.5%").
 
 Example::
 
@@ -44,7 +44,7 @@ from pathlib import Path
 
 from testbed.pdd.compute.costmodel import BIG_MODEL, GPU_A, GPU_B, ChipProfile, CostModel, ModelProfile
 
-WAN_LINE_PRICE_DEFAULT = 1.0 / 3.0  # GPU-A prices; implied by the brief (implied_wan_price)
+WAN_LINE_PRICE_DEFAULT = 1.0 / 3.0  # GPU-A prices; implied by the paper's figures (implied_wan_price)
 
 
 @dataclass(frozen=True)
@@ -192,7 +192,7 @@ class CapacityConfig:
     wan_line_price: float = WAN_LINE_PRICE_DEFAULT
     wan_line_gbit: float = 100.0
     rld_token_share: float = 0.062
-    goodput_ratio: float | None = 1.278  # PDD / same-DC PD within SLA (the brief's +27.8%)
+    goodput_ratio: float | None = 1.278  # PDD / same-DC PD within SLA (the paper's +27.8%, docs/paper.md)
 
 
 def _chip(f, key: str, base: ChipProfile) -> ChipProfile:

@@ -86,7 +86,7 @@ def skewed_bins(mean_pct: float) -> tuple[HitBin, ...]:
 
     The shape above 90% is fixed (_HIGH_WEIGHTS, mean ~97.4%); a lower mean
     moves weight to the 0-90% tail, a higher one to 99-100%. At 90%: 14.1% of
-    requests in 0-90%, 11.6% in 90-95%, 74.3% above 95% (the brief's 70-80%).
+    requests in 0-90%, 11.6% in 90-95%, 74.3% above 95% (the paper's 70-80%, docs/paper.md).
     Example: ``skewed_bins(90)[0].weight`` is ~0.141.
     """
     lo, hi = MEAN_PCT_RANGE

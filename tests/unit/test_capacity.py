@@ -1,4 +1,4 @@
-"""The capacity-planning calculation (claim 7) against the brief's numbers."""
+"""The capacity-planning calculation (claim 7) against the paper's numbers."""
 
 from __future__ import annotations
 
@@ -13,45 +13,45 @@ from testbed.report.capacity import (CapacityConfig, Capacities, Fleet, PlanWork
                                      decode_rps_per_chip, fleet_cost, implied_wan_price,
                                      parse_capacity_config, plan, size_fleets)
 
-# Per-chip capacities in the ratios the brief's fleets imply for 10 req/s: the 88
+# Per-chip capacities in the ratios the paper's fleets imply for 10 req/s: the 88
 # GPU-A split as 40 prefill + 48 decode, and GPU-B decoding 1.43x a GPU-A (so that
-# 93.8% of 48 GPU-A of decode fits 32 GPU-B). The split is not in the brief; 40/48
+# 93.8% of 48 GPU-A of decode fits 32 GPU-B). The split is not in the paper; 40/48
 # is the one that gives 43 GPU-A with RLD's 6.2% of the decode.
-BRIEF_CAPS = Capacities(prefill_a=10 / 40, decode_a=10 / 48, decode_b=1.43 * 10 / 48)
-BRIEF_WL = PlanWorkload(demand_rps=10.0)
-BRIEF = Fleet(43, 32, 1)
+PAPER_CAPS = Capacities(prefill_a=10 / 40, decode_a=10 / 48, decode_b=1.43 * 10 / 48)
+PAPER_WL = PlanWorkload(demand_rps=10.0)
+PAPER = Fleet(43, 32, 1)
 HOMOGENEOUS = Fleet(88)
 
 
-def test_sizing_reproduces_the_brief_fleets():
-    pdd, base = size_fleets(BRIEF_WL, BRIEF_CAPS, rld_token_share=0.062)
+def test_sizing_reproduces_the_paper_fleets():
+    pdd, base = size_fleets(PAPER_WL, PAPER_CAPS, rld_token_share=0.062)
     assert (pdd.gpu_a, pdd.gpu_b, pdd.wan_lines) == (43, 32, 1)
     assert (pdd.detail["P"], pdd.detail["RLD"], pdd.detail["MD"]) == (40, 3, 32)
     assert (base.gpu_a, base.gpu_b, base.wan_lines) == (88, 0, 0)
 
 
 @pytest.mark.parametrize("gpu_b, expected_pct", [(1.2, -7.1), (1.3, -3.5)])
-def test_cost_change_at_the_brief_prices(gpu_b, expected_pct):
-    got = compare_fleets(BRIEF, HOMOGENEOUS, Prices(gpu_a=1.0, gpu_b=gpu_b))
+def test_cost_change_at_the_paper_prices(gpu_b, expected_pct):
+    got = compare_fleets(PAPER, HOMOGENEOUS, Prices(gpu_a=1.0, gpu_b=gpu_b))
     assert got["cost_change_pct"] == pytest.approx(expected_pct, abs=0.1)
     # in money: 43 + 32 x price + a third of a GPU-A for the line, against 88
     assert got["cost_pdd"] == pytest.approx(43 + 32 * gpu_b + 1 / 3)
 
 
-def test_the_brief_ends_imply_one_wan_price():
-    lo = implied_wan_price(BRIEF, HOMOGENEOUS, Prices(1.0, 1.2), -7.1)
-    hi = implied_wan_price(BRIEF, HOMOGENEOUS, Prices(1.0, 1.3), -3.5)
+def test_the_paper_ends_imply_one_wan_price():
+    lo = implied_wan_price(PAPER, HOMOGENEOUS, Prices(1.0, 1.2), -7.1)
+    hi = implied_wan_price(PAPER, HOMOGENEOUS, Prices(1.0, 1.3), -3.5)
     assert lo == pytest.approx(0.352, abs=1e-6) and hi == pytest.approx(0.32, abs=1e-6)
     assert abs(lo - hi) < 0.05  # one line price explains both ends
 
 
 def test_bcr_from_goodput_and_cost():
-    # the brief: goodput +27.8% and BCR "up to +37.5%": the cheaper GPU-B end
-    got = compare_fleets(BRIEF, HOMOGENEOUS, Prices(1.0, 1.2), goodput_ratio=1.278)
+    # the paper: goodput +27.8% and BCR "up to +37.5%": the cheaper GPU-B end
+    got = compare_fleets(PAPER, HOMOGENEOUS, Prices(1.0, 1.2), goodput_ratio=1.278)
     assert got["bcr_change_pct"] == pytest.approx(37.5, abs=0.2)
-    dearer = compare_fleets(BRIEF, HOMOGENEOUS, Prices(1.0, 1.3), goodput_ratio=1.278)
+    dearer = compare_fleets(PAPER, HOMOGENEOUS, Prices(1.0, 1.3), goodput_ratio=1.278)
     assert dearer["bcr_change_pct"] < got["bcr_change_pct"]
-    assert compare_fleets(BRIEF, HOMOGENEOUS, Prices())["bcr_change_pct"] is None
+    assert compare_fleets(PAPER, HOMOGENEOUS, Prices())["bcr_change_pct"] is None
 
 
 def test_fleet_cost_counts_each_item():
@@ -84,13 +84,13 @@ def test_a_tighter_slo_needs_more_decode_chips():
 
 def test_wan_lines_follow_the_missed_kv():
     wl = PlanWorkload(demand_rps=100.0, hit_rate=0.5)
-    pdd, _ = size_fleets(wl, BRIEF_CAPS, 0.062, wan_line_gbit=100.0)
+    pdd, _ = size_fleets(wl, PAPER_CAPS, 0.062, wan_line_gbit=100.0)
     gbit = 100.0 * round(65536 * 0.5) * 50_000 * 8 / 1e9  # ~1311 Gbit/s
     assert pdd.wan_lines == math.ceil(gbit / 100.0)
 
 
 def test_plan_rows_per_price():
-    p = plan(CapacityConfig(gpu_b_prices=(1.2, 1.3)), BRIEF_CAPS)
+    p = plan(CapacityConfig(gpu_b_prices=(1.2, 1.3)), PAPER_CAPS)
     assert [r["gpu_b_price"] for r in p["prices"]] == [1.2, 1.3]
     assert p["prices"][0]["cost_change_pct"] == pytest.approx(-7.1, abs=0.1)
 

@@ -1,4 +1,4 @@
-"""Cost model: monotonicity, orders of magnitude against the PDD brief, BatchClock."""
+"""Cost model: monotonicity, orders of magnitude against the paper (docs/paper.md), BatchClock."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def test_profiles_are_frozen_and_chips_differ_as_the_paper_says():
 
 
 @pytest.mark.parametrize("what, seconds, lo, hi", [
-    # PDD brief: 64K-context prefill of the missing suffix takes seconds.
+    # The paper (docs/paper.md): 64K-context prefill of the missing suffix takes seconds.
     ("full 64K prefill on GPU_A", P.prefill_s(K64), 2.0, 30.0),
     ("10%-miss suffix prefill on GPU_A", P.prefill_s(K64 // 10, K64 - K64 // 10), 0.3, 5.0),
     # Decode step of 64K contexts at modest batch: tens of ms.

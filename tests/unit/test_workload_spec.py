@@ -197,6 +197,6 @@ def test_skewed_bins_reach_the_requested_mean(mean):
     assert sum(b.weight * b.mid_pct for b in bins) == pytest.approx(mean)
 
 
-def test_skewed_bins_at_90_match_the_brief():
+def test_skewed_bins_at_90_match_the_paper():
     above_95 = sum(b.weight for b in skewed_bins(90) if b.lo_pct >= 95)
     assert 0.70 <= above_95 <= 0.80  # the paper: 70-80% of requests hit > 95%

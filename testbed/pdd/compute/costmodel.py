@@ -6,7 +6,7 @@ makes the tokens; the times come from here:
 - ``ChipProfile``: one accelerator kind. ``GPU_A`` (strong compute) runs P
   and RLD in DC A; ``GPU_B`` (strong memory bandwidth) runs MD in DC B.
 - ``ModelProfile``: the modeled big model (``BIG_MODEL``), incl. its KV
-  bytes per token (50 KB, as in the PDD brief).
+  bytes per token (50 KB, as the paper takes it: docs/paper.md).
 - ``CostModel``: a roofline for one forward pass on an instance of
   ``n_chips`` chips: ``overhead + max(FLOPs / compute, bytes / bandwidth)``.
   Prefill, a continuous-batching decode step and MD's extend-decode are all
@@ -17,7 +17,7 @@ makes the tokens; the times come from here:
 Pure arithmetic. Pacing a role to these times is ``testbed.pdd.compute.pacing``.
 
 Order-of-magnitude checks (tested in tests/unit/test_costmodel.py) against
-the PDD brief with the defaults (4-chip instances, 70B-class model):
+the paper (docs/paper.md) with the defaults (4-chip instances, 70B-class model):
 full 64K prefill on GPU_A ~8 s and a 10%-miss suffix ~1 s ("seconds"); a
 decode step at batch 16 x 64K on GPU_B ~16 ms ("tens of ms"); extend of 100
 handed-over tokens on 64K context on GPU_B ~46 ms, which with a WAN of tens

@@ -24,7 +24,7 @@ Request lifecycle at P (docs/pdd-roles.md, steps 3-4):
    the modeled prefill time elapsed, so a chunk [s, e) leaves no earlier
    than ``start + prefill x (e - hit) / (n - hit)``; KV_DONE leaves once the
    prefill has ended (RLD emits token 0 then, never before). The WAN path
-   to MD starts after the prefill, as in the brief and the paper's baseline.
+   to MD starts after the prefill, as in the paper and its baseline.
 4. When both paths are done (or failed): REPORT to the router. A path that
    fails sends ERROR(UNAVAILABLE, "<ROLE>: why") to the router, naming the
    path's role so the router can fail or re-plan only that path.
