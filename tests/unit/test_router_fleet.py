@@ -8,6 +8,7 @@ import time
 from testbed.pdd.roles.router import RouterNode
 from testbed.pdd.run.config import parse_config
 from testbed.pdd.wire.protocol import Role
+from testbed.pdd.wire.status import WanStatus
 
 FLEET = [("router", "router", "A"), ("p0", "prefill", "A"), ("p1", "prefill", "A"),
          ("rld0", "relay_decode", "A"), ("rld1", "relay_decode", "A"),
@@ -86,11 +87,11 @@ def test_the_wan_sample_sums_the_recent_rates_of_every_md():
     router.wan.add_rate_sample = lambda now, nbytes, interval, busy: samples.append(
         (nbytes, interval, busy))
     k = router.cfg.timing.kv_scale_k
-    router._on_wan_status("md0", {"rx_bytes": 1000, "interval_s": 0.5, "busy": True})
-    router._on_wan_status("md1", {"rx_bytes": 3000, "interval_s": 0.5, "busy": False})
+    router._on_wan_status("md0", WanStatus(0.5, 1000, True).data())
+    router._on_wan_status("md1", WanStatus(0.5, 3000, False).data())
     # md0 alone: its own 1000 B; then md1's 3000 B plus md0's 1000 B of the same interval
     assert samples[0] == (1000 * k, 0.5, True)
     assert abs(samples[1][0] - 4000 * k) < 1e-6 and samples[1][2] is False
     router.md_rx["md0"] = (time.monotonic() - 5.0, *router.md_rx["md0"][1:])  # md0 went quiet
-    router._on_wan_status("md1", {"rx_bytes": 3000, "interval_s": 0.5, "busy": True})
+    router._on_wan_status("md1", WanStatus(0.5, 3000, True).data())
     assert abs(samples[2][0] - 3000 * k) < 1e-6  # a stale status is not summed

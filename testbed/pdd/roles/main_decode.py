@@ -31,13 +31,12 @@ with ERROR(UNAVAILABLE) for each such request and drops it.
 
 WAN status (for the router's ``WanModel``): every
 ``main.wan_status_interval_s`` MD sends the router a REPORT with request
-id 0: ``{"kind": "wan", "interval_s", "rx_bytes"`` (bytes read from P's
-connections in the interval, wire units), ``"busy"`` (a KV transfer was
-receiving chunks throughout the interval, so the rate is what the path
-gave, not what the workload offered), ``"pending": {rid: wire bytes still
-missing}, "kv_done": {rid: time of its KV_DONE}}`` (transfers completed in
-the interval, monotonic clock). Nothing
-is sent while no transfer is pending and nothing arrived.
+id 0, a ``WanStatus`` (testbed/pdd/wire/status.py): the bytes read from P's
+connections in the interval (wire units), whether a KV transfer was
+receiving chunks throughout it (so the rate is what the path gave, not what
+the workload offered), the wire bytes each pending transfer still misses
+and the KV_DONE time of each transfer completed in the interval (monotonic
+clock). Nothing is sent while no transfer is pending and nothing arrived.
 """
 
 from __future__ import annotations
@@ -60,6 +59,7 @@ from testbed.pdd.wire.protocol import (Cancel, Done, Error, ErrorCode, FinishRea
                                   ProtocolError, Report, Request, Role, Tokens)
 from testbed.pdd.compute.radix import RadixCache, common_prefix_of_keys, token_key
 from testbed.pdd.wire.transport import ConnectionClosed, Transport
+from testbed.pdd.wire.status import WanStatus
 
 
 @dataclass(eq=False)
@@ -125,15 +125,14 @@ class MainDecodeNode(RoleServer):
             now = time.monotonic()
             rx = sum(p.conn.bytes_received for p in self._kv_sources.values())
             delta, self._rx_mark = rx - self._rx_mark, rx
-            pending = {str(st.rid): max(0, st.expected_wire - st.report["kv_wan_bytes"])
+            pending = {st.rid: max(0, st.expected_wire - st.report["kv_wan_bytes"])
                        for st in self.states.values() if st.t_need and not st.kv_done}
             busy = self._busy_all_interval
             self._busy_all_interval = bool(self._receiving)
             done, self._kv_done_ids = self._kv_done_ids, {}
             if (pending or delta or done) and self.router is not None:
-                data = {"kind": "wan", "interval_s": now - t_last, "rx_bytes": delta,
-                        "busy": busy, "pending": pending, "kv_done": done}
-                await self.router.send(0, Report(Role.MAIN_DECODE, self.name, data))
+                status = WanStatus(now - t_last, delta, busy, pending, done)
+                await self.router.send(0, Report(Role.MAIN_DECODE, self.name, status.data()))
             t_last = now
 
     async def on_stop(self) -> None:

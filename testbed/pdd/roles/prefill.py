@@ -34,9 +34,9 @@ for a request P no longer holds is answered with CANCEL.
 
 TCP status (the router's measure of WAN loss): every
 ``prefill.tcp_status_interval_s`` P sends the router a REPORT with request id
-0: ``{"kind": "tcp", "interval_s", "segs_out", "retrans", "rto_s"}``, the
-segments its connections to MD sent and retransmitted in the interval (the
-kernel's TCP_INFO, summed over those connections) and the largest current
+0, a ``TcpStatus`` (testbed/pdd/wire/status.py): the segments its
+connections to MD sent and retransmitted in the interval (the kernel's
+TCP_INFO, summed over those connections) and the largest current
 retransmission timeout. Nothing is sent while no segment left; nothing at
 all on a transport without TCP (the in-process one).
 """
@@ -57,6 +57,7 @@ from testbed.pdd.wire.protocol import (Cancel, Error, ErrorCode, Frame, KvDone, 
                                   Request, Role)
 from testbed.pdd.compute.radix import RadixCache
 from testbed.pdd.wire.transport import ConnectionClosed, TcpCounters, Transport
+from testbed.pdd.wire.status import TcpStatus
 
 
 @dataclass(eq=False)
@@ -143,9 +144,8 @@ class PrefillNode(RoleServer):
                 rto = max(rto, counters.rto_s)
             marks = current
             if segs > 0 and self.router is not None:
-                data = {"kind": "tcp", "interval_s": now - t_last, "segs_out": segs,
-                        "retrans": retrans, "rto_s": rto}
-                await self.router.send(0, Report(Role.PREFILL, self.name, data))
+                status = TcpStatus(now - t_last, segs, retrans, rto)
+                await self.router.send(0, Report(Role.PREFILL, self.name, status.data()))
             t_last = now
 
     def active_requests(self) -> int:

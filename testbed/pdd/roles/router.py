@@ -61,6 +61,7 @@ from testbed.pdd.roles.local_model import LocalPathModel
 from testbed.pdd.roles.wan_loss import LossMeter
 from testbed.pdd.roles.wan_model import WanModel
 from testbed.pdd.wire.transport import ConnectionClosed, Transport
+from testbed.pdd.wire.status import TcpStatus, WanStatus
 
 log = logging.getLogger(__name__)
 
@@ -258,25 +259,31 @@ class RouterNode(RoleServer):
         The line is one for every MD: the sample is the rate of every MD whose last status
         is recent (within two of its intervals) summed, busy if this MD was busy; with
         one MD, its own rate."""
-        k, now = self.cfg.timing.kv_scale_k, time.monotonic()
-        interval = float(data["interval_s"])
-        self.md_rx[md] = (now, float(data["rx_bytes"]) * k / interval if interval > 0 else 0.0,
-                          interval, bool(data["busy"]))
+        try:
+            st = WanStatus.read(data)
+        except ValueError as err:
+            log.warning("%s: bad WAN status from %s %r: %s", self.name, md, data, err)
+            return
+        k, now, interval = self.cfg.timing.kv_scale_k, time.monotonic(), st.interval_s
+        self.md_rx[md] = (now, st.rx_bytes * k / interval if interval > 0 else 0.0,
+                          interval, st.busy)
         total = sum(rate for t, rate, iv, _ in self.md_rx.values() if now - t <= 2 * iv)
-        self.wan.add_rate_sample(now, total * interval, interval, bool(data["busy"]))
-        for rid, remaining in data.get("pending", {}).items():
-            self.wan.progress(int(rid), float(remaining) * k, now)
-        for rid, t_done in data.get("kv_done", {}).items():
-            self._transfer_over(int(rid))
-            self.wan.kv_done(int(rid), float(t_done))
+        self.wan.add_rate_sample(now, total * interval, interval, st.busy)
+        for rid, remaining in st.pending.items():
+            self.wan.progress(rid, remaining * k, now)
+        for rid, t_done in st.kv_done.items():
+            self._transfer_over(rid)
+            self.wan.kv_done(rid, t_done)
 
     def _on_tcp_status(self, data: dict) -> None:
         """P's TCP status: segments its connections to MD sent and retransmitted."""
         try:
-            self.loss.add(time.monotonic(), int(data["segs_out"]), int(data["retrans"]))
-            self.wan_rto_s = float(data.get("rto_s", 0.0))
-        except (KeyError, TypeError, ValueError) as err:
+            st = TcpStatus.read(data)
+        except ValueError as err:
             log.warning("%s: bad TCP status %r: %s", self.name, data, err)
+            return
+        self.loss.add(time.monotonic(), st.segs_out, st.retrans)
+        self.wan_rto_s = st.rto_s
 
     def active_requests(self) -> int:
         return len(self.requests)
