@@ -71,7 +71,7 @@ def _config_example() -> bytes:
             ("md0", "main_decode", 7103, "B"), ("router", "router", 7100, "A")]
     return json.dumps({"mode": "pdd", "model": {"d_model": 64, "n_layer": 2, "n_head": 2},
                        "timing": {"time_scale": 0.5, "kv_scale_k": 10},
-                       "relay": {"handoff_mode": "catch-up", "catchup_threshold": 64},
+                       "relay": {"handoff_mode": "catch-up", "catchup_threshold_tokens": 64},
                        "instances": [{"name": n, "role": r, "host": "127.0.0.1", "port": p,
                                       "dc": d} for n, r, p, d in inst]}, indent=1).encode()
 

@@ -33,7 +33,7 @@ def small_config(mode: str = "pdd", handoff_mode: str = "catch-up", **sections) 
         "model": {"d_model": 64, "n_layer": 2, "n_head": 2},
         # token_scale 1: these tests size KV and thresholds for the tiny model itself
         "timing": {"time_scale": 0.5, "kv_scale_k": 10, "token_scale": 1, "connect_timeout_s": 2.0},
-        "relay": {"handoff_mode": handoff_mode, "catchup_threshold": 16},
+        "relay": {"handoff_mode": handoff_mode, "catchup_threshold_tokens": 16},
         # predicted WAN time = bytes / rate + 1.5 RTT (REQUEST, KV_NEED, last chunk) + the
         # learned overhead (~10-20 ms here): 128 missing tokens: 64 + 150 ms >= 190 ms ->
         # relay; 10 or 20 missing with nothing ahead -> p-md (behind a 64-token chunk of each

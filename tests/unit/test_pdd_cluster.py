@@ -84,7 +84,7 @@ def test_producers_follow_the_pipeline(mode, handoff_mode, engine):
 def test_handoff_batches_follow_the_handoff_mode(mode, handoff_mode, engine):
     relayed = [r for r in records_of(mode, handoff_mode, engine) if r["pipeline"] == "p-rld-md"]
     assert relayed
-    threshold = small_config().relay.catchup_threshold
+    threshold = small_config().relay.catchup_threshold_tokens
     for r in relayed:
         assert r["handoff"]["mode"] == handoff_mode
         if handoff_mode == "one-shot" or r["handoff"]["tokens"] == 0:

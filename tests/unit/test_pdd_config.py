@@ -19,7 +19,7 @@ GOOD = {
     "mode": "pdd",
     "model": {"d_model": 64, "n_layer": 2, "n_head": 2},
     "timing": {"time_scale": 0.5, "kv_scale_k": 10, "token_scale": 1},
-    "relay": {"handoff_mode": "one-shot", "catchup_threshold": 32},
+    "relay": {"handoff_mode": "one-shot", "catchup_threshold_tokens": 32},
     "instances": [
         {"name": "p0", "role": "prefill", "host": "127.0.0.1", "port": 7101, "dc": "A"},
         {"name": "rld0", "role": "relay_decode", "host": "127.0.0.1", "port": 7102},
@@ -70,9 +70,9 @@ BAD = [
     ("unknown nested key", _with("timing.speed", 2), "timing.speed", "'time_scale'"),
     ("bad mode", _with("mode", "pd"), "mode", "pdd | cross-dc-pd"),
     ("bad handoff mode", _with("relay.handoff_mode", "eager"), "relay.handoff_mode", "one-shot"),
-    ("string for int", _with("relay.catchup_threshold", "64"), "relay.catchup_threshold",
+    ("string for int", _with("relay.catchup_threshold_tokens", "64"), "relay.catchup_threshold_tokens",
      "an integer"),
-    ("bool for int", _with("relay.catchup_threshold", True), "relay.catchup_threshold",
+    ("bool for int", _with("relay.catchup_threshold_tokens", True), "relay.catchup_threshold_tokens",
      "an integer"),
     ("negative time scale", _with("timing.time_scale", 0), "timing.time_scale", "a value in"),
     ("k below 1", _with("timing.kv_scale_k", 0.5), "timing.kv_scale_k", "a value in"),
@@ -105,7 +105,7 @@ def test_cross_dc_pd_needs_no_relay_decode():
 
 def test_defaults_match_the_design():
     cfg = ClusterConfig()
-    assert cfg.relay.catchup_threshold == 64 and cfg.relay.handoff_mode == HandoffMode.CATCH_UP
+    assert cfg.relay.catchup_threshold_tokens == 64 and cfg.relay.handoff_mode == HandoffMode.CATCH_UP
     assert cfg.router.anomalous_filter and cfg.router.anomalous_max_output_tokens == 500
     assert cfg.prefill.block_size == 16
 

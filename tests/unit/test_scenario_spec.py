@@ -321,7 +321,7 @@ def test_pdd_defaults_have_one_source():
         assert c.timing.token_scale == PDD_DEFAULTS.token_scale == sc.pdd.token_scale
         assert c.router.anomalous_min_input_tokens == sc.pdd.anomalous_min_input_tokens
         assert c.client.request_timeout_s == sc.pdd.request_timeout_s
-        assert c.relay.catchup_threshold == sc.pdd.catchup_threshold_tokens
+        assert c.relay.catchup_threshold_tokens == sc.pdd.catchup_threshold_tokens
         assert c.router.relay_threshold_s == sc.pdd.relay_threshold_s
         assert c.model.engine == PDD_DEFAULTS.engine == sc.pdd.engine == "torch"
 

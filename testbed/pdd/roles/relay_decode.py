@@ -84,7 +84,7 @@ class RelayDecodeNode(RoleServer):
     def _state(self, rid: int) -> RelayState:
         if rid not in self.states:
             r = self.cfg.relay
-            self.states[rid] = RelayState(rid, RelayHandoff(r.handoff_mode, r.catchup_threshold,
+            self.states[rid] = RelayState(rid, RelayHandoff(r.handoff_mode, r.catchup_threshold_tokens,
                                                             r.catchup_max_batches))
         return self.states[rid]
 

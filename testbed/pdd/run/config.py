@@ -15,7 +15,7 @@ Example file (every section but ``instances`` may be left out)::
     {"mode": "pdd",
      "model": {"d_model": 64, "n_layer": 2, "n_head": 2},
      "timing": {"time_scale": 0.5, "kv_scale_k": 10},
-     "relay": {"handoff_mode": "catch-up", "catchup_threshold": 64},
+     "relay": {"handoff_mode": "catch-up", "catchup_threshold_tokens": 64},
      "instances": [
        {"name": "p0", "role": "prefill", "host": "127.0.0.1", "port": 7101, "dc": "A"},
        {"name": "rld0", "role": "relay_decode", "host": "127.0.0.1", "port": 7102, "dc": "A"},
@@ -118,8 +118,9 @@ class PrefillConfig:
 @dataclass(frozen=True)
 class RelayConfig:
     handoff_mode: HandoffMode = _f(_D.handoff_mode, "one-shot | catch-up")
-    catchup_threshold: int = _f(_D.catchup_threshold_tokens, "catch-up: a batch of at most this many tokens is final",
-                                lo=0)
+    catchup_threshold_tokens: int = _f(_D.catchup_threshold_tokens,
+                                       "catch-up: a batch of at most this many tokens is final",
+                                       lo=0)
     catchup_max_batches: int = _f(8, "catch-up: the batch with this number (1-based) is final "
                                   "whatever its size, so a slow WAN cannot loop forever", lo=1)
 
