@@ -3,10 +3,10 @@
 Mode: what the router may choose; Pipeline: the path of one request;
 HandoffMode: how RLD hands over; Sla: a scenario's per-request service
 bounds, as the spec reads them and the report applies them; FaultEvent: a
-fault's start or end as runner, collector and report read it. The link Backend lives with the shaping
-arithmetic (testbed.net.shaping); role names in topologies are
-testbed.spec.topology.Role and on the wire testbed.pdd.wire.fields.Role (an
-integer encoding of the same roles).
+fault's start or end as runner, collector and report read it. The link
+Backend lives with the shaping arithmetic (testbed.net.shaping); role names
+in topologies are testbed.spec.topology.Role and on the wire
+testbed.pdd.wire.fields.Role (an integer encoding of the same roles).
 """
 
 from __future__ import annotations

@@ -7,9 +7,10 @@ Owns the meaning of every fault kind on a cluster, in plain data that
   nominal link, changed by the WAN kinds (``bandwidth``,
   ``bandwidth_schedule``, ``rtt``, ``loss``, ``duplicate``: each sets both
   directions; a fault with a duration restores each direction's nominal
-  value when it ends, as the single-machine runner does). Chaos Mesh cannot stack two NetworkChaos on the same pods (the
-  later one wins, chaos-mesh#3631), so the shape is one NetworkChaos at a
-  time, replaced at every change, never one per fault;
+  value when it ends, as the single-machine runner does). Chaos Mesh
+  cannot stack two NetworkChaos on the same pods (the later one wins,
+  chaos-mesh#3631), so the shape is one NetworkChaos at a time, replaced
+  at every change, never one per fault;
 - ``Step``s beside it (a partition, a pod failure, cross traffic).
 
 Each fault kind's module (testbed/spec/faultkinds/) says what it is on a

@@ -51,8 +51,8 @@ def export_summary(exp: Export) -> dict:
                        "horizon_s": round(m.timeline.horizon_s, 3),
                        "wan_segments": len(m.timeline.wan),
                        "steps": [{"at_s": s.at_s, "duration_s": round(s.duration_s, 3),
-                                  "action": s.action, "fault_kind": s.fault_kind, "target": s.target,
-                                  "fault": s.fault_index}
+                                  "action": s.action, "fault_kind": s.fault_kind,
+                                  "target": s.target, "fault": s.fault_index}
                                  for s in m.timeline.steps]}
                       for m in exp.modes],
             "wan_bdp_bytes": exp.wan_bdp_bytes, "notes": list(exp.notes)}

@@ -7,7 +7,7 @@ statistics measured by replaying the prompts through an unbounded
 
 Modules: spec (YAML -> WorkloadSpec), lengths / arrivals / hitrate (the
 distributions), synthetic (session generator), mooncake (JSONL traces),
-tokens (token IDs), cachesim (measured hit rates), records (Request,
+tokens (token IDs), cachesim (measured hit rates), records (WorkloadRequest,
 Workload, statistics).
 
 Example::
@@ -25,11 +25,11 @@ from pathlib import Path
 from testbed.reader import Fields, load_yaml
 from testbed.workload.hitrate import pdd_bins
 from testbed.workload.mooncake import load_mooncake
-from testbed.workload.records import Request, Workload, WorkloadStats, summarize
+from testbed.workload.records import WorkloadRequest, Workload, WorkloadStats, summarize
 from testbed.workload.spec import WorkloadKind, WorkloadSpec, parse_workload
 from testbed.workload.synthetic import generate_synthetic
 
-__all__ = ["Request", "Workload", "WorkloadKind", "WorkloadSpec", "WorkloadStats",
+__all__ = ["WorkloadRequest", "Workload", "WorkloadKind", "WorkloadSpec", "WorkloadStats",
            "build_workload", "load_workload", "parse_workload"]
 
 

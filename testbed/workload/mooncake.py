@@ -47,7 +47,7 @@ import numpy as np
 from testbed.errors import SpecError
 from testbed.reader import is_file
 from testbed.strict import finite, parse_json
-from testbed.workload.records import Request
+from testbed.workload.records import WorkloadRequest
 from testbed.workload.spec import MooncakeSpec, WorkloadKind, WorkloadSpec, error_path
 from testbed.workload.tokens import MAX_HASH_ID, as_prompt, hashed_tokens
 
@@ -178,13 +178,13 @@ class _HashTrie:
         return matched, owner
 
 
-def _request(i: int, row: TraceRow, spec: MooncakeSpec, trie: _HashTrie) -> Request:
+def _request(i: int, row: TraceRow, spec: MooncakeSpec, trie: _HashTrie) -> WorkloadRequest:
     block = spec.scaled_block_tokens
     n_in = -(-row.input_length // spec.input_len_divisor)
     matched, session = trie.add(row.hash_ids)
     hit = n_in if matched == len(row.hash_ids) else matched * block
     tokens = hashed_tokens(row.hash_ids, block, n_in)
-    return Request(
+    return WorkloadRequest(
         id=i,
         arrival_s=(row.timestamp_ms / 1000.0 - spec.start_s) * spec.time_scale,
         prompt=as_prompt(tokens),
@@ -206,7 +206,7 @@ def trace_path(spec: WorkloadSpec, base_dir: str | Path, missing_ok: bool = Fals
                     str(path))
 
 
-def load_mooncake(spec: WorkloadSpec, base_dir: str | Path = ".") -> tuple[Request, ...]:
+def load_mooncake(spec: WorkloadSpec, base_dir: str | Path = ".") -> tuple[WorkloadRequest, ...]:
     """Requests of the trace named by spec.mooncake; () if it is absent and missing_ok."""
     mc = spec.mooncake
     path = trace_path(spec, base_dir, mc.missing_ok)

@@ -1,6 +1,6 @@
 """What a workload is once built: requests, their measured hit rates, summary statistics.
 
-Owns Request, LengthStats, BinShare, WorkloadStats, Workload and
+Owns WorkloadRequest, LengthStats, BinShare, WorkloadStats, Workload and
 ``summarize``. A Workload is immutable: generators build the request tuple,
 then ``summarize`` replays the prompts through the unbounded 16-token block
 cache (cachesim) to measure what the prefill role's cache would see; the
@@ -26,7 +26,7 @@ from testbed.workload.spec import WorkloadSpec
 
 
 @dataclass(frozen=True)
-class Request:
+class WorkloadRequest:
     id: int  # 0.. in arrival order
     arrival_s: float  # from the workload start
     prompt: tuple[int, ...] = field(repr=False)  # token IDs in 0..VOCAB_SIZE-1
@@ -87,17 +87,17 @@ class WorkloadStats:
 
 @dataclass(frozen=True)
 class Workload:
-    requests: tuple[Request, ...] = field(repr=False)
+    requests: tuple[WorkloadRequest, ...] = field(repr=False)
     spec: WorkloadSpec
     stats: WorkloadStats
     # measured hit fraction of each request (same order as requests)
     measured_hit_rates: tuple[float, ...] = field(repr=False)
     # sent (and completed) before the measured requests, which see their prompts cached
-    warmup: tuple[Request, ...] = field(default=(), repr=False)
+    warmup: tuple[WorkloadRequest, ...] = field(default=(), repr=False)
 
 
-def summarize(requests: Sequence[Request], bins: tuple[HitBin, ...],
-              block_tokens: int = BLOCK_TOKENS, preload: Sequence[Request] = ()
+def summarize(requests: Sequence[WorkloadRequest], bins: tuple[HitBin, ...],
+              block_tokens: int = BLOCK_TOKENS, preload: Sequence[WorkloadRequest] = ()
               ) -> tuple[WorkloadStats, tuple[float, ...]]:
     """Statistics and per-request measured hit fractions, replaying prompts in order
     after the ``preload`` prompts (warm-up requests, themselves not counted)."""

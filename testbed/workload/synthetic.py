@@ -56,7 +56,7 @@ import numpy as np
 from testbed.workload.arrivals import arrival_times
 from testbed.workload.cachesim import BLOCK_TOKENS
 from testbed.workload.hitrate import HitBin, sample_targets
-from testbed.workload.records import Request
+from testbed.workload.records import WorkloadRequest
 from testbed.workload.spec import SyntheticSpec
 from testbed.workload.tokens import VOCAB_SIZE, as_prompt
 
@@ -179,7 +179,7 @@ class _Builder:
         return sid, self.fresh(length)
 
 
-def generate_synthetic(spec: SyntheticSpec) -> tuple[Request, ...]:
+def generate_synthetic(spec: SyntheticSpec) -> tuple[WorkloadRequest, ...]:
     """Requests in arrival order (then the warm-up requests, if any); deterministic for a
     given spec (seed included).
 
@@ -198,12 +198,12 @@ def generate_synthetic(spec: SyntheticSpec) -> tuple[Request, ...]:
             output_len = int(d.output_len[i])
             sid, prompt, hit = builder.turn(int(d.slot[i]), float(d.target[i]),
                                             bins[d.bin_idx[i]], int(d.input_len[i]), output_len)
-        out.append(Request(id=i, arrival_s=float(d.arrival_s[i]), prompt=as_prompt(prompt),
+        out.append(WorkloadRequest(id=i, arrival_s=float(d.arrival_s[i]), prompt=as_prompt(prompt),
                            output_len=max(1, output_len), session=sid,
                            designed_hit_rate=hit / len(prompt), anomalous=bool(d.anomalous[i])))
     if spec.sessions.warmup:
         n = len(out)
-        out += [Request(id=n + k, arrival_s=0.0, prompt=as_prompt(p),
+        out += [WorkloadRequest(id=n + k, arrival_s=0.0, prompt=as_prompt(p),
                         output_len=WARMUP_OUTPUT_TOKENS, session=builder.next_session + k, designed_hit_rate=0.0,
                         warmup=True) for k, p in enumerate(builder.shared)]
     return tuple(out)

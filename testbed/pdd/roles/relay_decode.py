@@ -84,8 +84,8 @@ class RelayDecodeNode(RoleServer):
     def _state(self, rid: int) -> RelayState:
         if rid not in self.states:
             r = self.cfg.relay
-            self.states[rid] = RelayState(rid, RelayHandoff(r.handoff_mode, r.catchup_threshold_tokens,
-                                                            r.catchup_max_batches))
+            self.states[rid] = RelayState(rid, RelayHandoff(
+                r.handoff_mode, r.catchup_threshold_tokens, r.catchup_max_batches))
         return self.states[rid]
 
     async def on_frame(self, peer: Peer, frame: Frame) -> None:
