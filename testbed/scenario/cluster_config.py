@@ -21,11 +21,12 @@ from typing import Callable
 
 from testbed.spec.topology import HostSpec, Role as TopoRole, Topology
 from testbed.pdd.run.config import RUN_MODEL
+from testbed.pdd.wire.fields import Role as WireRole
 
 BASE_PORT = 7100
-ROLE_NAMES = {TopoRole.PREFILL: "prefill", TopoRole.RELAY_DECODE: "relay_decode",
-              TopoRole.MAIN_DECODE: "main_decode", TopoRole.ROUTER: "router",
-              TopoRole.CLIENT: "client"}
+# the topology's roles that run a PDD process (cross_traffic does not): a topology role
+# and its process role share one name, "prefill" in the YAML and PREFILL on the wire
+PROCESS_ROLES = frozenset(r for r in TopoRole if r.name in WireRole.__members__)
 
 
 def instance_name(topo: Topology, host: HostSpec, role: TopoRole) -> str:
@@ -41,9 +42,9 @@ def cluster_dict_for(topo: Topology, scale: float, mode_run, settings: dict,
     instances = []
     for i, host in enumerate(topo.hosts):
         for role in host.roles:
-            if role in ROLE_NAMES:
+            if role in PROCESS_ROLES:
                 instances.append({"name": instance_name(topo, host, role),
-                                  "role": ROLE_NAMES[role], "host": address(host),
+                                  "role": role.value, "host": address(host),
                                   "port": 0 if role is TopoRole.CLIENT else BASE_PORT + i,
                                   "dc": "A" if host.dc == topo.datacenters[0].name else "B"})
     pdd = mode_run.pdd

@@ -397,3 +397,17 @@ def test_the_dry_run_plans_with_seed_zero_when_given_zero(monkeypatch):
     with pytest.raises(Stop):
         dryrun.describe(sc, RunOptions(Path("x"), seed=0, backend="userspace"))
     assert seen == [(None, 0)]
+
+
+def test_a_topology_role_and_its_process_role_share_one_name():
+    from testbed.pdd.run.config import parse_section, Instance
+    from testbed.pdd.wire.fields import Role as WireRole
+    from testbed.scenario.cluster_config import PROCESS_ROLES
+    from testbed.spec.topology import Role as TopoRole
+
+    assert {r.name for r in PROCESS_ROLES} == set(WireRole.__members__)
+    assert TopoRole.CROSS_TRAFFIC not in PROCESS_ROLES
+    for role in PROCESS_ROLES:
+        inst = parse_section(Instance, {"name": "x", "role": role.value, "host": "127.0.0.1",
+                                        "port": 1, "dc": "A"}, "c.json", "instances[0]")
+        assert inst.role is WireRole[role.name]
