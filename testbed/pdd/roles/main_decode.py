@@ -47,12 +47,12 @@ import time
 from dataclasses import dataclass, field
 
 from testbed.pdd.run.config import ClusterConfig, Pipeline
-from testbed.pdd.compute.decoder import DecodeLoop, Emitted, Seq, warm_model
+from testbed.pdd.compute.decoder import Emitted, Seq
 from testbed.pdd.roles.handoff import MainHandoff
 from testbed.pdd.wire.kvpayload import chunk_frame_bytes, decode_kv
 from testbed.pdd.compute.engine import Cache
-from testbed.pdd.compute.pacing import AsyncPacer
-from testbed.pdd.roles.peers import Peer, RoleServer
+from testbed.pdd.roles.decoding import DecodingRoleServer
+from testbed.pdd.roles.peers import Peer
 from testbed.pdd.roles.prefill import block_segments, cache_from_blocks
 from testbed.pdd.wire.protocol import (Cancel, Done, Error, ErrorCode, FinishReason, Frame, Handoff,
                                   HandoffAck, Health, HealthAck, KvChunk, KvDone, KvNeed, KvReady,
@@ -91,17 +91,13 @@ class MainState:
         return token_key(self.request.prompt_token_ids)
 
 
-class MainDecodeNode(RoleServer):
+class MainDecodeNode(DecodingRoleServer):
     """MD: see the module docstring."""
 
     ROLE = Role.MAIN_DECODE
 
     def __init__(self, cfg: ClusterConfig, name: str, transport: Transport):
-        super().__init__(cfg, name, transport)
-        self.model = warm_model(cfg.model)
-        self.decoder = DecodeLoop(self.model, cfg.timing.cost(Role.MAIN_DECODE),
-                                  AsyncPacer(cfg.timing.time_scale), self._on_tokens,
-                                  chunk_tokens=cfg.main.extend_chunk_tokens)
+        super().__init__(cfg, name, transport, chunk_tokens=cfg.main.extend_chunk_tokens)
         self.drc = RadixCache(cfg.prefill.block_size, cfg.main.drc_capacity_tokens)
         self.states: dict[int, MainState] = {}
         self.cancelled: set[int] = set()
@@ -113,7 +109,7 @@ class MainDecodeNode(RoleServer):
         self._kv_done_ids: dict[str, float] = {}  # transfers completed since the last status
 
     async def on_start(self) -> None:
-        self.decoder.start()
+        await super().on_start()
         self.warm([i.name for i in self.cfg.of_role(Role.RELAY_DECODE)])
         self.spawn(self._wan_status_loop(), "wan status")
 
@@ -134,9 +130,6 @@ class MainDecodeNode(RoleServer):
                 status = WanStatus(now - t_last, delta, busy, pending, done)
                 await self.router.send(0, Report(Role.MAIN_DECODE, self.name, status.data()))
             t_last = now
-
-    async def on_stop(self) -> None:
-        await self.decoder.stop()
 
     def active_requests(self) -> int:
         return len(self.states)

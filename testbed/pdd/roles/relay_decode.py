@@ -28,12 +28,12 @@ import time
 from dataclasses import dataclass, field
 
 from testbed.pdd.run.config import ClusterConfig, Pipeline
-from testbed.pdd.compute.decoder import DecodeLoop, Emitted, Seq, warm_model
+from testbed.pdd.compute.decoder import Emitted, Seq
 from testbed.pdd.roles.handoff import HandoffBatch, RelayHandoff, RelayPhase
 from testbed.pdd.wire.kvpayload import chunk_frame_bytes, decode_kv
 from testbed.pdd.compute.engine import Cache
-from testbed.pdd.compute.pacing import AsyncPacer
-from testbed.pdd.roles.peers import Peer, RoleServer, frame_bytes
+from testbed.pdd.roles.decoding import DecodingRoleServer
+from testbed.pdd.roles.peers import Peer, frame_bytes
 from testbed.pdd.wire.protocol import (Cancel, Done, Error, ErrorCode, FinishReason, Frame, Handoff,
                                   HandoffAck, Health, HealthAck, KvChunk, KvDone, KvReady,
                                   ProtocolError, Report, Request, Role, Tokens)
@@ -59,24 +59,15 @@ class RelayState:
         return Pipeline(self.request.metadata["pipeline"]) if self.request else None
 
 
-class RelayDecodeNode(RoleServer):
+class RelayDecodeNode(DecodingRoleServer):
     """RLD: see the module docstring."""
 
     ROLE = Role.RELAY_DECODE
 
     def __init__(self, cfg: ClusterConfig, name: str, transport: Transport):
         super().__init__(cfg, name, transport)
-        self.model = warm_model(cfg.model)
-        self.decoder = DecodeLoop(self.model, cfg.timing.cost(Role.RELAY_DECODE),
-                                  AsyncPacer(cfg.timing.time_scale), self._on_tokens)
         self.states: dict[int, RelayState] = {}
         self.ended: set[int] = set()  # ids freed or cancelled: later frames are ignored
-
-    async def on_start(self) -> None:
-        self.decoder.start()
-
-    async def on_stop(self) -> None:
-        await self.decoder.stop()
 
     def active_requests(self) -> int:
         return len(self.states)
