@@ -9,10 +9,14 @@ and implements ``_on_tokens`` (where the loop's emitted tokens go).
 
 from __future__ import annotations
 
+from testbed.errors import ProtocolError
 from testbed.pdd.compute.decoder import DecodeLoop, Emitted, warm_model
+from testbed.pdd.compute.engine import Cache
 from testbed.pdd.compute.pacing import AsyncPacer
 from testbed.pdd.roles.peers import RoleServer
 from testbed.pdd.run.config import ClusterConfig
+from testbed.pdd.wire.kvpayload import chunk_frame_bytes, decode_kv
+from testbed.pdd.wire.protocol import KvChunk
 from testbed.pdd.wire.transport import Transport
 
 
@@ -28,6 +32,16 @@ class DecodingRoleServer(RoleServer):
     async def _on_tokens(self, emitted: list[Emitted]) -> None:
         """Where the decode loop's tokens go (the subclass's)."""
         raise NotImplementedError
+
+    def take_chunk(self, cache: Cache, msg: KvChunk) -> int:
+        """Append a KV_CHUNK's KV to ``cache``; its frame's bytes. ProtocolError when the
+        KV holds other positions than the chunk's header says."""
+        seg = decode_kv(msg.data, self.cfg.model.engine)
+        if (seg.start, seg.end) != (msg.token_start, msg.token_end):
+            raise ProtocolError(f"KV_CHUNK [{msg.token_start}, {msg.token_end}) holds "
+                                f"[{seg.start}, {seg.end})")
+        cache.append(seg)
+        return chunk_frame_bytes(msg)
 
     async def on_start(self) -> None:
         self.decoder.start()

@@ -49,7 +49,6 @@ from dataclasses import dataclass, field
 from testbed.pdd.run.config import ClusterConfig, Pipeline
 from testbed.pdd.compute.decoder import Emitted, Seq
 from testbed.pdd.roles.handoff import MainHandoff
-from testbed.pdd.wire.kvpayload import chunk_frame_bytes, decode_kv
 from testbed.pdd.compute.engine import Cache
 from testbed.pdd.roles.decoding import DecodingRoleServer
 from testbed.pdd.roles.peers import Peer
@@ -126,9 +125,8 @@ class MainDecodeNode(DecodingRoleServer):
             busy = self._busy_all_interval
             self._busy_all_interval = bool(self._receiving)
             done, self._kv_done_ids = self._kv_done_ids, {}
-            if (pending or delta or done) and self.router is not None:
-                status = WanStatus(now - t_last, delta, busy, pending, done)
-                await self.router.send(0, Report(Role.MAIN_DECODE, self.name, status.data()))
+            if pending or delta or done:
+                await self.report_status(WanStatus(now - t_last, delta, busy, pending, done).data())
             t_last = now
 
     def active_requests(self) -> int:
@@ -219,12 +217,7 @@ class MainDecodeNode(DecodingRoleServer):
                    for s in range(start, n, step))
 
     def _on_chunk(self, st: MainState, msg: KvChunk) -> None:
-        seg = decode_kv(msg.data, self.cfg.model.engine)
-        if (seg.start, seg.end) != (msg.token_start, msg.token_end):
-            raise ProtocolError(f"KV_CHUNK [{msg.token_start}, {msg.token_end}) holds "
-                                f"[{seg.start}, {seg.end})")
-        st.cache.append(seg)
-        st.report["kv_wan_bytes"] += chunk_frame_bytes(msg)
+        st.report["kv_wan_bytes"] += self.take_chunk(st.cache, msg)
         st.report["kv_chunks"] += 1
         self._receiving.add(st.rid)
 

@@ -38,8 +38,8 @@ from typing import ClassVar
 from testbed.errors import ProtocolError
 from testbed.pdd.run.config import ClusterConfig, Instance
 from testbed.pdd.compute.engine import ModelConfig
-from testbed.pdd.wire.protocol import (Error, ErrorCode, Frame, Hello, Message, MsgType, Request, Role,
-                                  frame_size)
+from testbed.pdd.wire.protocol import (Error, ErrorCode, Frame, Hello, Message, MsgType, Report,
+                                  Request, Role, frame_size)
 from testbed.pdd.wire.transport import Connection, ConnectionClosed, Listener, Transport
 
 log = logging.getLogger(__name__)
@@ -122,6 +122,13 @@ class RoleServer:
         while self._routers and self._routers[-1].conn.closed:
             self._routers.pop()
         return self._routers[-1] if self._routers else None
+
+    async def report_status(self, data: dict) -> None:
+        """A status REPORT (request id 0) to the router, if one is connected
+        (testbed/pdd/wire/status.py: what ``data`` holds)."""
+        router = self.router
+        if router is not None:
+            await router.send(0, Report(self.ROLE, self.name, data))
 
     @property
     def address(self) -> tuple[str, int]:

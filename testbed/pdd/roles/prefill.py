@@ -143,9 +143,8 @@ class PrefillNode(RoleServer):
                 retrans += counters.total_retrans - last.total_retrans
                 rto = max(rto, counters.rto_s)
             marks = current
-            if segs > 0 and self.router is not None:
-                status = TcpStatus(now - t_last, segs, retrans, rto)
-                await self.router.send(0, Report(Role.PREFILL, self.name, status.data()))
+            if segs > 0:
+                await self.report_status(TcpStatus(now - t_last, segs, retrans, rto).data())
             t_last = now
 
     def active_requests(self) -> int:

@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 from testbed.pdd.run.config import ClusterConfig, Pipeline
 from testbed.pdd.compute.decoder import Emitted, Seq
 from testbed.pdd.roles.handoff import HandoffBatch, RelayHandoff, RelayPhase
-from testbed.pdd.wire.kvpayload import chunk_frame_bytes, decode_kv
 from testbed.pdd.compute.engine import Cache
 from testbed.pdd.roles.decoding import DecodingRoleServer
 from testbed.pdd.roles.peers import Peer, frame_bytes
@@ -117,12 +116,7 @@ class RelayDecodeNode(DecodingRoleServer):
         if st.request is None:
             return  # cancelled meanwhile
         if isinstance(msg, KvChunk):
-            seg = decode_kv(msg.data, self.cfg.model.engine)
-            if (seg.start, seg.end) != (msg.token_start, msg.token_end):
-                raise ProtocolError(f"KV_CHUNK [{msg.token_start}, {msg.token_end}) holds "
-                                    f"[{seg.start}, {seg.end})")
-            st.cache.append(seg)
-            st.report["kv_intra_bytes"] += chunk_frame_bytes(msg)
+            st.report["kv_intra_bytes"] += self.take_chunk(st.cache, msg)
         elif isinstance(msg, KvDone):
             await self._kv_done(st, msg)
 
