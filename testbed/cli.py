@@ -299,22 +299,25 @@ def cmd_capacity(args) -> int:
     return 0
 
 
-def cmd_bench_fuzz(args) -> int:
+def _print_json(out: dict, path: str | None) -> None:
+    """``out`` as indented JSON on stdout, and into ``path`` when given."""
     from pathlib import Path
 
+    text = json.dumps(out, indent=1)
+    print(text)
+    if path:
+        Path(path).write_text(text + "\n")
+
+
+def cmd_bench_fuzz(args) -> int:
     from testbed.spec.fuzz import run_fuzz
 
     out = run_fuzz(args.cases, args.seed)
-    text = json.dumps(out, indent=1)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    _print_json(out, args.out)
     return 1 if out["tracebacks_total"] else 0
 
 
 def cmd_bench_chaos(args) -> int:
-    from pathlib import Path
-
     from testbed.scenario.chaos import run_chaos
 
     if args.cycles < 1:
@@ -324,10 +327,7 @@ def cmd_bench_chaos(args) -> int:
 
         load_scenario(args.scenario)  # a bad file: exit 2 before anything starts
     out = run_chaos(args.cycles, args.seed, args.scenario, args.window_s)
-    text = json.dumps(out, indent=1)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    _print_json(out, args.out)
     return 1 if out["leftovers_total"] else 0
 
 

@@ -63,6 +63,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
 from testbed.errors import ProtocolError
+from testbed.pdd.compute.prefill_split import split_prefill
 
 if TYPE_CHECKING:
     from testbed.pdd.compute.engine import ModelConfig
@@ -240,14 +241,8 @@ class HashDecoder:
         If the cache already holds every token, the last one is recomputed.
         Example: ``logits, cache = model.prefill(prompt, prefix_cache)``.
         """
-        if len(tokens) == 0:
-            raise ValueError("cannot prefill an empty prompt")
-        cache = self.new_cache() if cache is None else cache
-        if cache.tokens != list(tokens[: cache.length]):
-            raise ValueError("cache does not hold a prefix of these tokens")
-        if cache.length == len(tokens):
-            cache.truncate(len(tokens) - 1)
-        return self._run(cache, tokens[cache.length :]), cache
+        cache, new = split_prefill(tokens, cache, self.new_cache)
+        return self._run(cache, new), cache
 
     def decode_step(self, cache: HashCache, token: int) -> HashLogits:
         """Feed one token, return the next: ``tok = argmax(model.decode_step(cache, tok))``."""

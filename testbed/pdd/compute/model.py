@@ -51,6 +51,7 @@ import torch.nn.functional as F
 
 from testbed.errors import ProtocolError
 from testbed.pdd.compute.engine import TORCH_MAGIC, ModelConfig  # noqa: F401 (re-exported)
+from testbed.pdd.compute.prefill_split import split_prefill
 
 _DTYPE_CODES = {torch.float32: 1, torch.float64: 2}
 _NP_DTYPES = {torch.float32: np.dtype("<f4"), torch.float64: np.dtype("<f8")}  # wire: little-endian
@@ -303,14 +304,8 @@ class TinyDecoder(nn.Module):
         holds every token, the last one is recomputed to get its logits.
         Example: ``logits, cache = model.prefill(prompt, prefix_cache)``.
         """
-        if len(tokens) == 0:
-            raise ValueError("cannot prefill an empty prompt")
-        cache = self.new_cache() if cache is None else cache
-        if cache.tokens != list(tokens[: cache.length]):
-            raise ValueError("cache does not hold a prefix of these tokens")
-        if cache.length == len(tokens):
-            cache.truncate(len(tokens) - 1)
-        new, chunk = tokens[cache.length :], self.cfg.prefill_chunk
+        cache, new = split_prefill(tokens, cache, self.new_cache)
+        chunk = self.cfg.prefill_chunk
         for i in range(0, len(new), chunk):
             logits = self._run(cache, new[i : i + chunk])
         return logits, cache
