@@ -63,7 +63,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
 from testbed.errors import ProtocolError
-from testbed.pdd.compute.prefill_split import split_prefill
+from testbed.pdd.compute.cachebase import TokenSpan, split_prefill
 
 if TYPE_CHECKING:
     from testbed.pdd.compute.engine import ModelConfig
@@ -91,7 +91,7 @@ class HashLogits:
     token: int
 
 
-class HashCache:
+class HashCache(TokenSpan):
     """The states of a contiguous token range [start, end), one u64 per position.
 
     A cache the model runs on starts at position 0; one with ``start > 0`` is a
@@ -107,14 +107,6 @@ class HashCache:
         self.tokens: list[int] = []
         self.states: list[int] = []
         self._acc: list[int] = []  # running sums of states[:len(_acc)] (start 0 only)
-
-    @property
-    def length(self) -> int:
-        return len(self.tokens)
-
-    @property
-    def end(self) -> int:
-        return self.start + self.length
 
     def append(self, other: HashCache) -> None:
         """Append a segment starting where this cache ends, e.g.

@@ -51,7 +51,7 @@ import torch.nn.functional as F
 
 from testbed.errors import ProtocolError
 from testbed.pdd.compute.engine import TORCH_MAGIC, ModelConfig  # noqa: F401 (re-exported)
-from testbed.pdd.compute.prefill_split import split_prefill
+from testbed.pdd.compute.cachebase import TokenSpan, split_prefill
 
 _DTYPE_CODES = {torch.float32: 1, torch.float64: 2}
 _NP_DTYPES = {torch.float32: np.dtype("<f4"), torch.float64: np.dtype("<f8")}  # wire: little-endian
@@ -64,7 +64,7 @@ def set_threads(n: int = 1) -> None:
     torch.set_num_threads(n)
 
 
-class KVCache:
+class KVCache(TokenSpan):
     """Keys and values of a contiguous token range [start, end) for every layer.
 
     Per layer, ``k[i]`` and ``v[i]`` are buffers of shape (nh, capacity, hs)
@@ -81,14 +81,6 @@ class KVCache:
         self.tokens: list[int] = []
         self.k = [torch.empty(n_head, 0, head_size, dtype=dtype) for _ in range(n_layer)]
         self.v = [torch.empty(n_head, 0, head_size, dtype=dtype) for _ in range(n_layer)]
-
-    @property
-    def length(self) -> int:
-        return len(self.tokens)
-
-    @property
-    def end(self) -> int:
-        return self.start + self.length
 
     @property
     def nbytes_per_token(self) -> int:

@@ -1,4 +1,6 @@
-"""The one rule both engines follow when a prefill starts from a cached prefix.
+"""What both engines' caches share: the span of positions a cache holds
+(``TokenSpan``) and the rule a prefill follows when it starts from a cached
+prefix (``split_prefill``). Torch-free.
 
 Example::
 
@@ -10,6 +12,21 @@ from __future__ import annotations
 from typing import Callable, Sequence, TypeVar
 
 C = TypeVar("C")
+
+
+class TokenSpan:
+    """The positions [start, end) a cache holds; a subclass sets ``start`` and ``tokens``."""
+
+    start: int
+    tokens: list[int]
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def end(self) -> int:
+        return self.start + self.length
 
 
 def split_prefill(tokens: Sequence[int], cache: C | None, new_cache: Callable[[], C]
