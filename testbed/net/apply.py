@@ -28,6 +28,7 @@ import sys
 import time
 
 from testbed.errors import ApplyError, EmulationError
+from testbed.readyline import EXITED, TIMED_OUT, wait_ready
 from testbed.net import naming, plan as P, tc
 from testbed.net.events import EventLog
 from testbed.net.registry import Registry
@@ -277,19 +278,17 @@ def wait_listening(net: EmulatedNetwork, node: str, port: int, timeout_s: float 
 
 def _wait_ready(proc: subprocess.Popen, what: str) -> None:
     """Wait for the child's 'ready' line; fail the build if it dies or hangs."""
-    import select
-
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        r, _, _ = select.select([proc.stdout], [], [], 0.1)
-        if r:
-            line = proc.stdout.readline().decode().strip()
-            if line == "ready":
-                return
-        if proc.poll() is not None:
-            err = proc.stderr.read().decode()[-2000:] if proc.stderr else ""
-            raise EmulationError(f"{what} exited with {proc.returncode}: {err}")
-    raise EmulationError(f"{what} not ready after {READY_TIMEOUT_S} s")
+    outcome = wait_ready(proc, READY_TIMEOUT_S)
+    if outcome == EXITED:
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:  # closed its stdout yet runs: stop it
+            proc.kill()
+            proc.wait()
+        err = proc.stderr.read().decode()[-2000:] if proc.stderr else ""
+        raise EmulationError(f"{what} exited with {proc.returncode}: {err}")
+    if outcome == TIMED_OUT:
+        raise EmulationError(f"{what} not ready after {READY_TIMEOUT_S} s")
 
 
 def _channel_fields(ch: P.Channel, scale: float) -> dict:

@@ -16,7 +16,6 @@ counters (pacer overruns, event-loop lag; testbed.pdd.run.probe) to
 from __future__ import annotations
 
 import json
-import select
 import signal
 import subprocess
 import sys
@@ -24,6 +23,7 @@ import time
 from pathlib import Path
 
 from testbed.errors import EmulationError
+from testbed.readyline import EXITED, TIMED_OUT, wait_ready
 from testbed.net.registry import stop_process
 from testbed.scenario.cluster_config import cluster_dict_for, workload_lines
 
@@ -143,15 +143,16 @@ class RoleSet:
 
 def _wait_ready(proc: subprocess.Popen, name: str, log: Path,
                 timeout_s: float = READY_TIMEOUT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        r, _, _ = select.select([proc.stdout], [], [], 0.2)
-        if r and proc.stdout.readline().decode().strip() == "ready":
-            return
-        if proc.poll() is not None:
-            tail = log.read_text()[-1500:] if log.exists() else ""
-            raise EmulationError(f"role {name} exited with {proc.returncode} before ready:\n{tail}")
-    raise EmulationError(f"role {name} not ready after {timeout_s:g} s (log {log})")
+    outcome = wait_ready(proc, timeout_s, poll_s=0.2)
+    if outcome == EXITED:
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass  # closed its stdout but still runs: the exit code is None
+        tail = log.read_text()[-1500:] if log.exists() else ""
+        raise EmulationError(f"role {name} exited with {proc.returncode} before ready:\n{tail}")
+    if outcome == TIMED_OUT:
+        raise EmulationError(f"role {name} not ready after {timeout_s:g} s (log {log})")
 
 
 def start_roles(net, sc, mode_run, workload, mode_dir: Path,

@@ -22,15 +22,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import select
 import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from testbed.errors import TestbedError
+from testbed.readyline import READY, wait_ready
 from testbed.pdd.run.cluster import START_ORDER
 from testbed.pdd.run.config import ClusterConfig, config_to_dict
 from testbed.pdd.wire.fields import Role
@@ -100,15 +99,8 @@ class RoleProcesses:
         return proc
 
     def _wait_ready(self, name: str, proc: subprocess.Popen) -> None:
-        deadline = time.monotonic() + self.ready_timeout_s
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([proc.stdout], [], [], 0.1)
-            if ready:
-                line = proc.stdout.readline()
-                if line.strip() == b"ready":
-                    return
-                if not line:
-                    break
+        if wait_ready(proc, self.ready_timeout_s) == READY:
+            return
         raise TestbedError(f"{name} did not print 'ready' (exit {proc.poll()}); see "
                            f"{self.run_dir / (name + '.log')}")
 
