@@ -101,7 +101,8 @@ def wait_resolvable(host: str, timeout_s: float = RESOLVE_TIMEOUT_S) -> None:
             time.sleep(1.0)
 
 
-def wait_listening(addresses: list[tuple[str, int]], timeout_s: float = ROLES_TIMEOUT_S) -> None:
+def wait_connectable(addresses: list[tuple[str, int]],
+                     timeout_s: float = ROLES_TIMEOUT_S) -> None:
     """Until a TCP connection to every (host, port) succeeds."""
     _wait_each(addresses, lambda h, p: socket.create_connection((h, p), timeout=2.0).close(),
                timeout_s)
@@ -183,7 +184,7 @@ def cmd_client(args) -> int:
     if args.wait == "http":
         wait_healthy([i.host for i in servers])
     else:
-        wait_listening([(i.host, i.port) for i in servers])
+        wait_connectable([(i.host, i.port) for i in servers])
     warm, measured = _split_workload(args.workload, results)
     record = {"name": args.name, "t_roles_up_mono": time.monotonic()}
     code = 0

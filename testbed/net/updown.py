@@ -19,7 +19,8 @@ from testbed.net.build import make_plan
 from testbed.net.backend import probe_backend
 
 
-def leftovers(record: dict) -> list[str]:
+def record_leftovers(record: dict) -> list[str]:
+    """What of a run's registry record (the names and pids it made) still exists."""
     left = [f"process {p['pid']} ({p['what']})" for p in record["processes"]
             if naming.process_alive(p["pid"], p["start"])]
     left += [f"interface {n}" for n in record["root_links"] if Path(f"/sys/class/net/{n}").exists()]
@@ -47,7 +48,7 @@ def updown(topo, cycles: int, backend=None) -> dict:
         t3 = time.monotonic()
         ups.append(t1 - t0)
         downs.append(t3 - t2)
-        problems += [f"cycle {i}: {x}" for x in leftovers(record)]
+        problems += [f"cycle {i}: {x}" for x in record_leftovers(record)]
     return {"topology": topo.name, "backend": chosen.value, "cycles": cycles,
             "up_s": {"mean": statistics.mean(ups), "max": max(ups)},
             "down_s": {"mean": statistics.mean(downs), "max": max(downs)},

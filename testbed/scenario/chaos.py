@@ -95,13 +95,14 @@ def take_snapshot(proc: Path = Path("/proc"), sys_net: Path = Path("/sys/class/n
     return Snapshot(links, frozenset(netns), tuple(procs), state)
 
 
-def leftovers(before: Snapshot, after: Snapshot, marker: str) -> list[str]:
+def snapshot_leftovers(before: Snapshot, after: Snapshot, marker: str) -> list[str]:
     """What the cycle left: every interface, namespace and state entry in ``after`` but not
     in ``before`` (by exact name), and every process new since ``before`` whose command
     line contains ``marker`` (the cycle's run folder) or that sits in a new namespace.
 
     >>> a = Snapshot(links=frozenset({"lo", "eth0"}))
-    >>> leftovers(a, Snapshot(links=frozenset({"lo", "eth0", "tb12absa"})), "/runs/c0")
+    >>> after = Snapshot(links=frozenset({"lo", "eth0", "tb12absa"}))
+    >>> snapshot_leftovers(a, after, "/runs/c0")
     ['interface tb12absa']
     """
     new_ns = after.netns - before.netns
@@ -195,7 +196,7 @@ def run_cycle(i: int, rng: random.Random, scenario: Path, work: Path, window_s: 
     res.clean_exit, res.clean_output = clean.returncode, (clean.stdout + clean.stderr).strip()
     deadline = time.monotonic() + 5.0
     while True:  # killed processes may take a moment to be reaped
-        res.leftovers = leftovers(before, take_snapshot(), str(out))
+        res.leftovers = snapshot_leftovers(before, take_snapshot(), str(out))
         if not res.leftovers or time.monotonic() > deadline:
             return res
         time.sleep(0.2)

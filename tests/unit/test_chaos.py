@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 import os
 
-from testbed.scenario.chaos import Process, Snapshot, leftovers, role_pids, take_snapshot
+from testbed.scenario.chaos import (Process, Snapshot, role_pids, snapshot_leftovers,
+                                    take_snapshot)
 
 ROOT_NS = "net:[4026531840]"
 BEFORE = Snapshot(links=frozenset({"lo", "eth0", "docker0"}), netns=frozenset({ROOT_NS}),
@@ -27,18 +28,18 @@ def after(**kw) -> Snapshot:
 
 
 def test_a_clean_cycle_leaves_nothing():
-    assert leftovers(BEFORE, after(), MARK) == []
+    assert snapshot_leftovers(BEFORE, after(), MARK) == []
 
 
 def test_what_existed_before_is_never_a_leftover_even_if_it_looks_like_the_testbeds():
     before = after(links=BEFORE.links | {"tb1234sa"}, state=BEFORE.state | {"tb1234.json"})
-    assert leftovers(before, before, MARK) == []
+    assert snapshot_leftovers(before, before, MARK) == []
 
 
 def test_new_interfaces_namespaces_and_state_are_named_exactly():
     ns = "net:[4026532999]"
     shell = Process(4242, 77, "bash --norc -is mininet:p0", ns)
-    got = leftovers(BEFORE, after(links=BEFORE.links | {"tb9f3asa", "tb9f3asa-1"},
+    got = snapshot_leftovers(BEFORE, after(links=BEFORE.links | {"tb9f3asa", "tb9f3asa-1"},
                                   netns=BEFORE.netns | {ns, "netns:blue"},
                                   processes=BEFORE.processes + (shell,),
                                   state=BEFORE.state | {"tb9f3a.json", "tb9f3a"}), MARK)
@@ -53,13 +54,14 @@ def test_a_new_process_counts_only_if_it_belongs_to_the_cycle():
     role = Process(600, 5, f"python -m testbed.pdd.run.node {MARK}/pdd/cluster.json md0", ROOT_NS)
     other = Process(601, 5, "python -m pytest -q tests/unit", ROOT_NS)  # someone else's
     older_run = Process(602, 5, "python -m testbed.pdd.run.node /tmp/other/cluster.json p0", ROOT_NS)
-    got = leftovers(BEFORE, after(processes=BEFORE.processes + (role, other, older_run)), MARK)
+    got = snapshot_leftovers(BEFORE, after(processes=BEFORE.processes + (role, other, older_run)),
+                             MARK)
     assert got == [f"process 600 (python -m testbed.pdd.run.node {MARK}/pdd/cluster.json md0)"]
 
 
 def test_a_recycled_pid_is_a_new_process():
     recycled = Process(500, 1234, f"testbed run x --out {MARK}", ROOT_NS)  # sshd's pid, later
-    got = leftovers(BEFORE, after(processes=(BEFORE.processes[0], recycled)), MARK)
+    got = snapshot_leftovers(BEFORE, after(processes=(BEFORE.processes[0], recycled)), MARK)
     assert got == [f"process 500 (testbed run x --out {MARK})"]
 
 

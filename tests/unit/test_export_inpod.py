@@ -9,7 +9,7 @@ import time
 
 from http_fixtures import http_status
 
-from testbed.export.inpod import Gate, serve_gate, wait_listening
+from testbed.export.inpod import Gate, serve_gate, wait_connectable
 from testbed.pdd.run.procs import free_port
 
 
@@ -55,7 +55,7 @@ def test_wait_listening_returns_once_every_port_accepts():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
-        wait_listening([("127.0.0.1", s.getsockname()[1])], timeout_s=5)
+        wait_connectable([("127.0.0.1", s.getsockname()[1])], timeout_s=5)
 
 
 CHILD = """
