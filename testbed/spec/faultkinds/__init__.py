@@ -2,9 +2,11 @@
 
 Every module of this package but ``base`` is a fault kind (``base``'s
 docstring says what one holds). Adding a kind is adding a module here: the
-scenario parser, the runner, the Chaos Mesh export and the scenario
-reference (``testbed faults``, docs/scenarios.md) find it through
-``KINDS``.
+scenario parser (testbed/spec/faults.py), the runner
+(testbed/scenario/faults.py) and the Chaos Mesh export
+(testbed/export/timeline.py) find it through ``KINDS``; ``reference()``
+gives every kind's line (tests/unit/test_fault_kinds.py checks that
+testbed/spec/faults.py's docstring and docs/design.md name each kind).
 
 Example::
 
