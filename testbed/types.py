@@ -53,28 +53,34 @@ class HandoffMode(enum.Enum):
 ENGINES = ("torch", "hash")
 
 
-class PddDefaults:
-    """The one source of the PDD settings a scenario may set (spec/scenario.py
-    ``PddSettings``) and a bare role config file defaults to (pdd/run/config.py):
-    both read their defaults from ``PDD_DEFAULTS``, so a scenario that leaves a
-    field out runs the roles with the value a role config file would get."""
+@dataclass(frozen=True)
+class PddSettings:
+    """The PDD settings, declared once: what a scenario's ``pdd:`` sets
+    (testbed/spec/scenario.py parses into this type), what a bare role config
+    file defaults to (testbed/pdd/run/config.py reads ``PDD_DEFAULTS``) and
+    what the report assumes for a run that did not record one; so a scenario
+    that leaves a field out runs the roles with the value a role config file
+    would get. The role config groups the same names by role (``relay``,
+    ``router``, ``timing``, ``client``; testbed/scenario/cluster_config.py)."""
 
-    kv_bytes_per_token = 50_000          # modeled big model's KV per token (nominal)
-    token_scale = 32                     # modeled prompt tokens per real (tiny-model) token
-    handoff_mode = HandoffMode.CATCH_UP
-    catchup_threshold_tokens = 64        # catch-up: a batch of at most this many is final
-    anomalous_filter = True              # long input + short output -> rld-only
-    late_kv_local = True                 # rld-only when the KV would reach MD after the end
-    anomalous_min_input_tokens = 65536   # modeled prompt tokens (real x token_scale) >=
-    anomalous_max_output_tokens = 500    # the paper: under 500 output tokens (docs/paper.md)
-    relay_threshold_s = 0.5              # relay when it gains at least this
-    relay_margin_quantile = 0.9          # quantile of recent prediction errors added
-    time_scale = 1.0                     # multiplies every modeled compute time
-    request_timeout_s = 120.0            # a request not finished this long after sending fails
-    engine = "torch"                     # the roles' compute engine, one of ENGINES
+    kv_bytes_per_token: int = 50_000          # modeled big model's KV per token (nominal)
+    token_scale: int = 32                     # modeled prompt tokens per real (tiny-model) token
+    handoff_mode: HandoffMode = HandoffMode.CATCH_UP
+    catchup_threshold_tokens: int = 64        # catch-up: a batch of at most this many is final
+    anomalous_filter: bool = True             # long input + short output -> rld-only
+    late_kv_local: bool = True                # rld-only when the KV would reach MD after the end
+    anomalous_min_input_tokens: int = 65536   # modeled prompt tokens (real x token_scale) >=
+    anomalous_max_output_tokens: int = 500    # the paper: under 500 output tokens (docs/paper.md)
+    relay_threshold_s: float = 0.5            # relay when it gains at least this
+    relay_margin_quantile: float = 0.9        # quantile of recent prediction errors added
+    time_scale: float = 1.0                   # multiplies every modeled compute time
+    request_timeout_s: float = 120.0          # a request not finished this long after sending fails
+    drc: bool = True                          # MD's decode-side prefix cache; false: every
+                                              # request's whole KV crosses the WAN (claim 3)
+    engine: str = "torch"                     # the roles' compute engine, one of ENGINES
 
 
-PDD_DEFAULTS = PddDefaults()
+PDD_DEFAULTS = PddSettings()
 
 
 @dataclass(frozen=True)

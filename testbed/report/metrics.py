@@ -95,7 +95,7 @@ import numpy as np
 from testbed.histogram import percentile
 from testbed.report.hindsight import hindsight
 from testbed.report.rundir import LinkSample
-from testbed.types import PddDefaults, Sla
+from testbed.types import PDD_DEFAULTS, Sla
 
 # The per-mode keys of summary.json, in contract order.
 MODE_KEYS = ("requests_total", "requests_completed", "requests_failed",
@@ -333,7 +333,7 @@ def wan_kv_share(wan_bytes: int, links: Sequence[LinkSample],
 
 def mode_metrics(records: Sequence[Mapping], events: Sequence[Mapping], sla: Sla,
                  scale: float, links: Sequence[LinkSample] = (),
-                 relay_threshold_s: float = PddDefaults.relay_threshold_s) -> dict:
+                 relay_threshold_s: float = PDD_DEFAULTS.relay_threshold_s) -> dict:
     """One mode's entry of summary.json, keys in contract order (``relay_threshold_s``:
     the mode's, for the decisions judged in hindsight)."""
     done = completed(records)

@@ -25,7 +25,7 @@ from testbed.report.expectations import evaluate
 from testbed.report.metrics import (DEFAULT_COMPARED, PAIRED_METRICS, Sla, compare,
                                     mode_metrics, paired_metrics, workload_window)
 from testbed.report.rundir import RunData
-from testbed.types import PddDefaults
+from testbed.types import PDD_DEFAULTS
 
 BASELINE_MODE = "cross-dc-pd"
 
@@ -91,7 +91,7 @@ def summarize(run: RunData) -> dict:
     sla = Sla.from_resolved(run.resolved)
     modes = {m.name: mode_metrics(m.requests, m.events, sla, run.scale, m.links,
                                   float(run.pdd_settings(m.name).get(
-                                      "relay_threshold_s", PddDefaults.relay_threshold_s)))
+                                      "relay_threshold_s", PDD_DEFAULTS.relay_threshold_s)))
              for m in run.modes}
     for name, m in modes.items():  # nominal bytes are counts
         m["wan_bytes"], m["intra_dc_bytes"] = round(m["wan_bytes"]), round(m["intra_dc_bytes"])

@@ -23,9 +23,8 @@ from testbed.spec.faults import FaultSpec, parse_faults
 from testbed.spec.link import parse_link
 from testbed.reader import Fields, is_file, load_yaml
 from testbed.spec.topology import Topology, load_topology
-from testbed.types import PDD_DEFAULTS as _D
 from testbed.workload import parse_workload
-from testbed.types import (ENGINES, POLICIES, SCENARIO_SLA, HandoffMode, Mode, Sla,
+from testbed.types import (ENGINES, POLICIES, SCENARIO_SLA, HandoffMode, Mode, PddSettings, Sla,
                            is_file_policy)
 
 
@@ -47,28 +46,6 @@ OPS = ("==", "<=", "<", ">=", ">")
 # roles after the network is up.
 MODEL_CONTEXT_TOKENS = 4096
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
-
-
-@dataclass(frozen=True)
-class PddSettings:
-    """Role settings shared by every mode of a scenario."""
-
-    # defaults: testbed.types.PDD_DEFAULTS, shared with the role config (pdd/run/config.py)
-    kv_bytes_per_token: int = _D.kv_bytes_per_token
-    token_scale: int = _D.token_scale
-    handoff_mode: HandoffMode = _D.handoff_mode
-    catchup_threshold_tokens: int = _D.catchup_threshold_tokens
-    anomalous_filter: bool = _D.anomalous_filter
-    late_kv_local: bool = _D.late_kv_local
-    anomalous_min_input_tokens: int = _D.anomalous_min_input_tokens
-    anomalous_max_output_tokens: int = _D.anomalous_max_output_tokens
-    relay_threshold_s: float = _D.relay_threshold_s
-    relay_margin_quantile: float = _D.relay_margin_quantile
-    time_scale: float = _D.time_scale
-    request_timeout_s: float = _D.request_timeout_s
-    drc: bool = True                     # MD's decode-side prefix cache; false: every request's
-                                         # whole KV crosses the WAN (claim 3's comparison)
-    engine: str = _D.engine              # the roles' compute engine (and verify's): torch | hash
 
 
 @dataclass(frozen=True)
