@@ -37,7 +37,7 @@ class LiveOps:
     def __init__(self, net, roles, link: str):
         self.net, self.roles = net, roles
         self._orig = {ch.id: {k: getattr(ch.spec, k) for k in _RESTORABLE}
-                      for ch in select_channels(net.channels.values(), link)} if net else {}
+                      for ch in select_channels(net.channels.values(), link)}
 
     def set_link(self, link: str, **changes):
         return runtime.set_link(self.net, link, **changes)
