@@ -52,7 +52,7 @@ def _load_topology(args):
     if getattr(args, "wan_rtt_ms", None) is not None:
         changes["delay_ms"] = args.wan_rtt_ms / 2  # the RTT, split evenly over both directions
     if getattr(args, "wan_loss_pct", None) is not None:
-        from testbed.spec.link import LossSpec
+        from testbed.impairment import LossSpec
         changes["loss"] = LossSpec("random", pct=args.wan_loss_pct)
     return topo.with_wan(**changes) if changes else topo
 

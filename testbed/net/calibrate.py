@@ -30,7 +30,7 @@ from testbed.errors import EmulationError
 from testbed.net.apply import wait_listening
 from testbed.net.runtime import set_link
 from testbed.net.shaping import Backend
-from testbed.spec.link import NO_LOSS
+from testbed.impairment import NO_LOSS
 from testbed.spec.topology import Role, gateway_name
 
 GOODPUT_SHARE = 1448 / 1514  # TCP payload per wire byte (MSS 1448, 66 header bytes)

@@ -1,7 +1,7 @@
 """The two backends' encodings of one delay/loss stage, side by side.
 
 A WAN direction's impairment is one type from YAML to the kernel: the
-topology's ``LinkSpec`` (testbed/spec/link.py, validated when built) becomes
+topology's ``LinkSpec`` (testbed/impairment.py, validated when built) becomes
 the plan's ``Impairment`` (``Impairment.of``: the same values plus the
 stage's packet limit and seed, testbed/net/plan.py); this module derives
 each backend's parameters from that one ``Impairment``:

@@ -8,7 +8,7 @@ semantics, so it can be unit-tested with fake clocks and fake frames:
   share, queue limit, seed, up/down), with a JSON round trip; ``check_params`` is
   the pure check of what arrives as JSON (the spec's rules of a delay stage).
 - ``jitter_sample``: one draw from netem's delay distributions
-  (``JITTER_DISTRIBUTIONS``, testbed/spec/link.py), in units of the jitter.
+  (``JITTER_DISTRIBUTIONS``, testbed/impairment.py), in units of the jitter.
 - ``RandomLoss`` / ``GilbertElliottLoss``: the loss models (netem ``loss
   random`` and ``loss gemodel``); ``stationary_loss_pct`` is the analytic rate.
 - ``HoldQueue``: the release-time schedule. ``admit`` decides a frame's fate
@@ -47,7 +47,7 @@ from statistics import NormalDist
 
 from testbed.histogram import LatencyHistogram
 from testbed.errors import SpecError
-from testbed.spec.link import JITTER_DISTRIBUTIONS, LOSS_MODELS, LossSpec, check_delay_stage
+from testbed.impairment import JITTER_DISTRIBUTIONS, LOSS_MODELS, LossSpec, check_delay_stage
 
 # netem's distribution tables run from -4 to +4 (s16 entries / NETEM_DIST_SCALE 8192).
 _TABLE_MAX = 32767 / 8192
@@ -55,7 +55,7 @@ _PARETO_ALPHA = 3.0
 _STD_NORMAL = NormalDist()
 
 
-# The members are the one list of each (testbed/spec/link.py): UNIFORM,
+# The members are the one list of each (testbed/impairment.py): UNIFORM,
 # NORMAL, PARETO, PARETONORMAL; RANDOM, GILBERT_ELLIOTT.
 JitterDistribution = enum.StrEnum(
     "JitterDistribution", {name.upper(): name for name in JITTER_DISTRIBUTIONS})
@@ -75,7 +75,7 @@ class DelayParams:
     encoding of the plan's validated stage (testbed.net.encoders.delay_params builds
     it from an ``Impairment`` and nothing checks it again). What arrives as JSON
     (the command line, the control socket) is checked by ``from_dict`` against the
-    one rule set of a delay stage, testbed/spec/link.py's (SpecError naming the
+    one rule set of a delay stage, testbed/impairment.py's (SpecError naming the
     JSON field), and the line's own fields (limit_pkts, seed, up)."""
 
     delay_ms: float = field(default=0.0, metadata={"help": "base one-way delay"})
@@ -132,7 +132,7 @@ class DelayParams:
         return cls.from_dict(data)
 
 
-# the JSON field of each field a delay stage's rules name (testbed/spec/link.py)
+# the JSON field of each field a delay stage's rules name (testbed/impairment.py)
 _JSON_NAME = {"loss.model": "loss_model", "loss.pct": "loss_pct", "loss.p_pct": "ge_p_pct",
               "loss.r_pct": "ge_r_pct", "loss.bad_loss_pct": "ge_bad_loss_pct",
               "loss.good_loss_pct": "ge_good_loss_pct"}

@@ -71,11 +71,11 @@ NETEM_DIST_SCALE = 8192  # table value of one standard deviation
 class NetemParams:
     """One netem qdisc, in netem's units: a plain encoding of the plan's validated
     delay stage (testbed.net.encoders.netem_params builds it from an ``Impairment``,
-    whose rules are testbed/spec/link.py's) and not checked again. No I/O."""
+    whose rules are testbed/impairment.py's) and not checked again. No I/O."""
 
     delay_us: int = 0  # mean added delay
     jitter_us: int = 0  # spread of the delay; shape from `distribution`
-    distribution: str = "uniform"  # a jitter distribution (spec/link.py); 'uniform': no table
+    distribution: str = "uniform"  # a jitter distribution (impairment.py); 'uniform': no table
     loss_model: str = "random"  # random: loss_pct; gilbert_elliott: ge_* fields
     loss_pct: float = 0.0  # independent per-packet loss (loss_model random)
     ge_p_pct: float = 0.0  # GOOD -> BAD transition probability per packet

@@ -33,7 +33,7 @@ from testbed.errors import EmulationError, PlanError
 from testbed.net import naming
 from testbed.net.shaping import (Backend, HtbParams, htb_params, in_flight_pkts,
                                  queue_limit_pkts)
-from testbed.spec.link import LinkSpec, LossSpec, check_delay_stage
+from testbed.impairment import LinkSpec, LossSpec, check_delay_stage
 from testbed.spec.topology import Topology, gateway_name, host_ifname
 
 # Sysctls raised in every emulated host. The 16 MB default buffers cap TCP

@@ -37,7 +37,7 @@ from testbed.net.impairments import DelayParams
 from testbed.net.plan import (Channel, Impairment, NetworkPlan, queue_rtt_ms, select_channels,
                               sized_channel)
 from testbed.net.shaping import Backend, htb_params
-from testbed.spec.link import LossSpec
+from testbed.impairment import LossSpec
 from testbed.spec.topology import gateway_name, host_ifname
 
 CHANGEABLE = ("rate_gbit", "delay_ms", "jitter_ms", "loss_pct", "loss", "duplicate_pct")

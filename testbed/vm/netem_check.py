@@ -130,7 +130,7 @@ def capacity_mbit(net) -> float:
     WAN's rate, delay and loss as the probe set them (the caller sets them)."""
     from testbed.net.calibrate import run_iperf
     from testbed.net.runtime import set_link
-    from testbed.spec.link import NO_LOSS
+    from testbed.impairment import NO_LOSS
 
     p = CAPACITY_PROBE
     set_link(net, "wan", delay_ms=p["delay_ms"], loss=NO_LOSS,
@@ -161,7 +161,7 @@ def measure(out: Path, scale: float, seed: int = 1) -> dict:
     from testbed.net.calibrate import calibrate, parse_ping, results_json
     from testbed.net.events import EventLog
     from testbed.net.runtime import set_link
-    from testbed.spec.link import LossSpec
+    from testbed.impairment import LossSpec
     from testbed.spec.topology import load_topology
 
     times = {"import": time.monotonic() - t0}

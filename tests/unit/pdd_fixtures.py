@@ -4,8 +4,8 @@ Sizes keep a whole cluster run near one second on two cores: tiny model
 (d_model 64, 2 layers, float64), prompts of 20-150 tokens, 30-100 output
 tokens, modeled compute at half speed (time_scale 0.5: a GPU_A decode step
 is ~9 ms), KV at 50 KB/token / k=10 = 5 KB/token on the wire, and a WAN of
-50 ms one way, +-5 ms jitter, 10 MB/s (80 Mbit/s emulated, 0.8 Gbit/s
-nominal). A 128-token prompt's KV (640 KB) then takes ~65 ms to serialise
+50 ms one way, +-5 ms uniform jitter, 0.08 Gbit/s = 10 MB/s (emulated; 0.8
+Gbit/s nominal). A 128-token prompt's KV (640 KB) then takes ~65 ms to serialise
 plus ~150 ms of latency (REQUEST, KV_NEED, chunks) to reach MD. Prompts are
 short so that real compute on the shared event loop stays small next to
 the modeled times.
@@ -16,12 +16,13 @@ from __future__ import annotations
 import asyncio
 import random
 
+from testbed.impairment import LinkSpec
 from testbed.pdd.roles.client_record import ClientRequest
 from testbed.pdd.run.cluster import start_cluster
 from testbed.pdd.run.config import ClusterConfig, one_of_each, parse_config
-from testbed.pdd.wire.fake_wan import LinkShape, wan_network
+from testbed.pdd.wire.fake_wan import wan_network
 
-WAN = LinkShape(delay_s=0.05, jitter_s=0.005, rate_bytes_s=10e6)
+WAN = LinkSpec(rate_gbit=0.08, delay_ms=50, jitter_ms=5, jitter_distribution="uniform")
 
 
 PORTS = {"router": 7000, "p0": 7001, "rld0": 7002, "md0": 7003}
@@ -75,7 +76,7 @@ EXPECTED = {  # pipeline of each workload() request per mode
 }
 
 
-async def run_on_fake_wan(cfg: ClusterConfig, requests, events=(), wan: LinkShape = WAN):
+async def run_on_fake_wan(cfg: ClusterConfig, requests, events=(), wan: LinkSpec = WAN):
     """Run ``requests`` on a fake two-DC network; ``events`` are (at_s, async fn(handles))."""
     net = wan_network(cfg, wan, seed=7)
     handles = await start_cluster(cfg, lambda inst: net.host(inst.host))

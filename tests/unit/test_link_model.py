@@ -10,12 +10,12 @@ import pytest
 
 from testbed import cli
 from testbed.errors import EmulationError, PlanError, SpecError
+from testbed.impairment import JITTER_DISTRIBUTIONS, LOSS_MODELS, LossSpec
 from testbed.net import naming
 from testbed.net.build import make_plan
 from testbed.net.encoders import delay_params, netem_params
 from testbed.net.impairments import JitterDistribution, LossModel
 from testbed.net.shaping import Backend
-from testbed.spec.link import JITTER_DISTRIBUTIONS, LOSS_MODELS, LossSpec
 from testbed.spec.scenario import parse_scenario
 from testbed.spec.topology import load_topology
 

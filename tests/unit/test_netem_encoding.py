@@ -250,7 +250,7 @@ def test_uniform_sends_no_table_and_unknown_name_raises():
 # --- one rule set ---------------------------------------------------------------
 
 def test_the_encoder_takes_the_spec_validated_stage_and_applies_tcs_table_rule():
-    """NetemParams is a plain encoding: the rules are LinkSpec's (testbed/spec/link.py),
+    """NetemParams is a plain encoding: the rules are LinkSpec's (testbed/impairment.py),
     checked once when the stage is built; the encoder adds only tc's rule that a
     distribution table goes with a delay and a jitter."""
     from testbed.errors import SpecError

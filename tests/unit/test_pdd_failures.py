@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import random
 
-from pdd_fixtures import LinkShape, producers, run, run_on_fake_wan, small_config
+from pdd_fixtures import producers, run, run_on_fake_wan, small_config
 
+from testbed.impairment import LinkSpec
 from testbed.pdd.roles.client_record import ClientRequest
 from testbed.pdd.run.verify import verify_records
 
@@ -115,7 +116,7 @@ def test_rld_lost_md_continues_from_the_token_ids_rld_had_emitted():
 
 def test_requests_that_cannot_finish_in_time_fail_with_a_timeout():
     cfg = small_config("cross-dc-pd", client={"request_timeout_s": 0.3, "report_grace_s": 0.2})
-    slow_wan = LinkShape(delay_s=0.4)
+    slow_wan = LinkSpec(rate_gbit=1000, delay_ms=400)
     records, handles = run(run_on_fake_wan(cfg, [RELAYED, P_MD], wan=slow_wan))
     assert [r["status"] for r in records] == ["failed", "failed"]
     assert all(r["reason"].startswith("timeout") for r in records)

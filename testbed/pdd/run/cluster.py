@@ -9,7 +9,7 @@ connections close: a crash as the others see it).
 
 Example::
 
-    net = wan_network(cfg, LinkShape(delay_s=0.05))
+    net = wan_network(cfg, LinkSpec(rate_gbit=1000, delay_ms=50))
     handles = await start_cluster(cfg, lambda inst: net.host(inst.host))
     try:
         records = await handles.run_client(requests)

@@ -1,22 +1,34 @@
 """An in-memory network with a shaped WAN: the fake transport plus rate and jitter.
 
-Owns ``LinkShape`` (one direction between two hosts: one-way delay, uniform
-jitter, rate), ``ShapedFakeNetwork`` (a ``FakeNetwork`` whose links may be
-shaped; one shared serialiser per ordered host pair, so every connection
-from P to MD shares the WAN's rate) and ``wan_network`` (two datacenters
-from a cluster config: WAN links between instances in different DCs).
+Owns ``ShapedFakeNetwork`` (a ``FakeNetwork`` whose links may be shaped by a
+``LinkSpec``, testbed/impairment.py's one link type; one shared serialiser
+per ordered host pair, so every connection from P to MD shares the WAN's
+rate) and ``wan_network`` (two datacenters from a cluster config: WAN links
+between instances in different DCs).
+
+What a shaped direction emulates of its ``LinkSpec``: ``delay_ms`` (one
+way), ``jitter_ms`` with ``jitter_distribution`` 'uniform' (+-jitter_ms) or
+'normal' (a gauss draw, sigma jitter_ms), and ``rate_gbit`` as the
+serialisation rate (pass a high rate, e.g. 1000, for "unlimited").
+``queue_limit_pkts`` is ignored (senders never block). What a reliable
+in-process byte stream cannot emulate is refused with a ValueError naming
+the field and its value: loss (``loss.active``), ``reorder_pct`` > 0,
+``duplicate_pct`` > 0 and the 'pareto' / 'paretonormal' distributions.
 
 Byte timing on a shaped link: a write starts serialising when the link is
-free (``busy_until``), takes ``len / rate_bytes_s``, then arrives after
-``delay_s + U(-jitter_s, +jitter_s)``; arrival times never decrease on one
-connection (TCP delivers in order). Like the plain fake, senders never
-block (no flow control, no loss). Builds on ``fake_transport``'s internal
-pipe (``_Pipe``), so a change there must keep ``_in_flight`` and
+free (``busy_until``), takes ``len * 8 / (rate_gbit * 1e9)`` seconds, then
+arrives after ``delay_ms + jitter`` (the total clipped at >= 0); arrival
+times never decrease on one connection (TCP delivers in order). Times are
+the event loop's (``loop.time()``). Like the plain fake, senders never
+block (no flow control, no loss). A host pair that was never shaped keeps
+the plain fake's delay and no rate limit. Builds on ``fake_transport``'s
+internal pipe (``_Pipe``), so a change there must keep ``_in_flight`` and
 ``_run_pump``.
 
 Example::
 
-    net = wan_network(cfg, LinkShape(delay_s=0.05, jitter_s=0.005, rate_bytes_s=20e6))
+    wan = LinkSpec(rate_gbit=0.16, delay_ms=50, jitter_ms=5, jitter_distribution="uniform")
+    net = wan_network(cfg, wan)
     handles = await start_cluster(cfg, lambda inst: net.host(inst.host))
 """
 
@@ -24,46 +36,73 @@ from __future__ import annotations
 
 import asyncio
 import random
-from dataclasses import dataclass
 
+from testbed.impairment import LinkSpec
 from testbed.pdd.run.config import ClusterConfig
 from testbed.pdd.wire.fake_transport import FakeNetwork, FakeTransport, _Pipe
 
+EMULATED_DISTRIBUTIONS = ("uniform", "normal")  # of testbed.impairment.JITTER_DISTRIBUTIONS
 
-@dataclass(frozen=True)
-class LinkShape:
-    """One direction of a link between two hosts."""
 
-    delay_s: float = 0.0  # one-way propagation delay
-    jitter_s: float = 0.0  # uniform +- jitter on each write's delay (order is kept)
-    rate_bytes_s: float | None = None  # serialisation rate; None = unlimited
+def check_emulable(spec: LinkSpec) -> None:
+    """Raise ValueError, naming the field and its value, if the fake WAN cannot
+    emulate ``spec`` on a reliable in-order byte stream."""
+    if not isinstance(spec, LinkSpec):
+        raise ValueError(f"fake WAN: a link must be a testbed.impairment.LinkSpec, got {spec!r}")
+    if spec.loss.active:
+        raise ValueError(f"fake WAN: loss={spec.loss!r} (mean {spec.loss.mean_pct:g}%) cannot be "
+                         "emulated on a reliable byte stream; use a LinkSpec without loss")
+    if spec.reorder_pct > 0:
+        raise ValueError(f"fake WAN: reorder_pct={spec.reorder_pct:g} cannot be emulated on an "
+                         "in-order byte stream; use reorder_pct=0")
+    if spec.duplicate_pct > 0:
+        raise ValueError(f"fake WAN: duplicate_pct={spec.duplicate_pct:g} cannot be emulated on a "
+                         "byte stream; use duplicate_pct=0")
+    if spec.jitter_distribution not in EMULATED_DISTRIBUTIONS:
+        raise ValueError(f"fake WAN: jitter_distribution={spec.jitter_distribution!r} is not "
+                         f"emulated; use one of {', '.join(EMULATED_DISTRIBUTIONS)}")
 
 
 class _LinkState:
-    """The shared serialiser of one shaped direction (all its connections)."""
+    """The shared serialiser of one shaped direction (all its connections), in seconds
+    and bytes per second: from a ``LinkSpec``, or unshaped (``delay_s``, no rate)."""
 
-    def __init__(self, shape: LinkShape, rng: random.Random):
-        self.shape, self.rng = shape, rng
+    def __init__(self, rng: random.Random, spec: LinkSpec | None = None, delay_s: float = 0.0):
+        self.spec, self.rng = spec, rng
+        if spec is None:
+            self.delay_s, self.jitter_s, self.normal = delay_s, 0.0, False
+            self.rate_bytes_s: float | None = None
+        else:
+            check_emulable(spec)
+            self.delay_s, self.jitter_s = spec.delay_ms / 1e3, spec.jitter_ms / 1e3
+            self.normal = spec.jitter_distribution == "normal"
+            self.rate_bytes_s = spec.rate_gbit * 1e9 / 8
         self.busy_until = 0.0
         self.bytes_sent = 0
+
+    def jitter(self) -> float:
+        if not self.jitter_s:
+            return 0.0
+        if self.normal:
+            return self.rng.gauss(0.0, self.jitter_s)
+        return self.rng.uniform(-self.jitter_s, self.jitter_s)
 
 
 class _ShapedPipe(_Pipe):
     def __init__(self, link: _LinkState):
-        super().__init__(link.shape.delay_s)
+        super().__init__(link.delay_s)
         self._link = link
         self._last_at = 0.0
 
     def put(self, data: bytes) -> None:
         loop = asyncio.get_running_loop()
-        now, shape = loop.time(), self._link.shape
+        now, link = loop.time(), self._link
         sent = now
-        if data and shape.rate_bytes_s:
-            start = max(now, self._link.busy_until)
-            self._link.busy_until = sent = start + len(data) / shape.rate_bytes_s
-        self._link.bytes_sent += len(data)
-        jitter = self._link.rng.uniform(-shape.jitter_s, shape.jitter_s) if shape.jitter_s else 0
-        at = max(self._last_at, sent + max(0.0, shape.delay_s + jitter))
+        if data and link.rate_bytes_s:
+            start = max(now, link.busy_until)
+            link.busy_until = sent = start + len(data) / link.rate_bytes_s
+        link.bytes_sent += len(data)
+        at = max(self._last_at, sent + max(0.0, link.delay_s + link.jitter()))
         self._last_at = at
         if self._pump is None:
             self._pump = loop.create_task(self._run_pump())
@@ -71,19 +110,20 @@ class _ShapedPipe(_Pipe):
 
 
 class ShapedFakeNetwork(FakeNetwork):
-    """A FakeNetwork whose host pairs may have a ``LinkShape`` per direction."""
+    """A FakeNetwork whose host pairs may have a ``LinkSpec`` per direction."""
 
     def __init__(self, seed: int = 0):
         super().__init__()
         self._rng = random.Random(seed)
         self._links: dict[tuple[str, str], _LinkState] = {}
 
-    def shape(self, src: str, dst: str, shape: LinkShape) -> None:
-        self._links[(src, dst)] = _LinkState(shape, self._rng)
+    def shape(self, src: str, dst: str, spec: LinkSpec) -> None:
+        """Shape ``src`` -> ``dst`` by ``spec`` (ValueError: what it cannot emulate)."""
+        self._links[(src, dst)] = _LinkState(self._rng, spec)
 
     def link(self, src: str, dst: str) -> _LinkState:
         if (src, dst) not in self._links:
-            self._links[(src, dst)] = _LinkState(LinkShape(self.delay_s(src, dst)), self._rng)
+            self._links[(src, dst)] = _LinkState(self._rng, delay_s=self.delay_s(src, dst))
         return self._links[(src, dst)]
 
     def bytes_sent(self, src: str, dst: str) -> int:
@@ -100,17 +140,21 @@ class ShapedFakeTransport(FakeTransport):
 
     def _pipes(self, host: str) -> tuple[float, object, object]:
         out_link, back_link = self.network.link(self.name, host), self.network.link(host, self.name)
-        return (out_link.shape.delay_s + back_link.shape.delay_s, _ShapedPipe(out_link),
+        return (out_link.delay_s + back_link.delay_s, _ShapedPipe(out_link),
                 _ShapedPipe(back_link))
 
 
-def wan_network(cfg: ClusterConfig, wan: LinkShape, intra: LinkShape = LinkShape(),
+def wan_network(cfg: ClusterConfig, wan: LinkSpec, intra: LinkSpec | None = None,
                 seed: int = 0) -> ShapedFakeNetwork:
     """A network where each instance is a host named by ``inst.host``; hosts in
-    different DCs are joined by ``wan`` (both directions), the rest by ``intra``."""
+    different DCs are joined by ``wan`` (both directions), the rest by ``intra``
+    (None: unshaped, no delay and no rate limit). ValueError: what the fake WAN
+    cannot emulate (``check_emulable``)."""
     net = ShapedFakeNetwork(seed)
     for a in cfg.instances:
         for b in cfg.instances:
             if a.host != b.host:
-                net.shape(a.host, b.host, wan if a.dc != b.dc else intra)
+                link = wan if a.dc != b.dc else intra
+                if link is not None:
+                    net.shape(a.host, b.host, link)
     return net
