@@ -107,6 +107,17 @@ class Sla:
 SCENARIO_SLA = Sla(ttft_s=2.0, tpot_ms=200.0)  # a scenario's bounds when it sets none
 
 
+# The protocol events a role writes to its events file (``python -m testbed.pdd.run.node
+# --events``; testbed/pdd/roles/peers.py ``RoleServer.protocol_event``) and a fault may be
+# triggered by (a scenario fault's ``trigger:``, testbed/spec/triggers.py), with who writes each.
+PROTOCOL_EVENTS = {
+    "handoff_sent": "RLD sent MD a HANDOFF batch (before MD's ACK)",
+    "handoff_final": "RLD sent the final HANDOFF batch (catch-up's last batch, one-shot's only)",
+    "handoff_acked": "MD acknowledged a HANDOFF batch",
+    "kv_transfer_half": "P has sent half of a request's KV to MD (the WAN transfer mid-way)",
+    "kv_done": "MD holds a request's whole KV (P's KV_DONE arrived)",
+}
+
 FAULT_EDGES = ("start", "end")
 # keys of a fault event record that are not the fault's parameters
 _FAULT_EVENT_KEYS = ("t_mono", "t_wall", "kind", "fault", "fault_kind", "link", "planned")

@@ -38,7 +38,7 @@ from testbed.errors import PlanError
 from testbed.spec.faultkinds import kind
 from testbed.spec.faultkinds.base import FaultSpec, Nominal, Step, WanChange
 from testbed.spec.faultkinds.loss import exported_loss_pct
-from testbed.spec.link import LinkSpec
+from testbed.impairment import LinkSpec
 from testbed.spec.topology import WanSpec
 
 __all__ = ["Direction", "MIN_SEGMENT_S", "Step", "Timeline", "WanSegment", "translate"]
@@ -154,6 +154,10 @@ def translate(faults: tuple[FaultSpec, ...], wan: WanSpec, instances: dict[str, 
         if f.link != "wan":
             raise PlanError(f"fault {f.index} ({f.kind}): link {f.link!r}: only the WAN "
                             "('wan') can be exported to Chaos Mesh")
+        if f.trigger is not None:
+            raise PlanError(f"fault {f.index} ({f.kind}) starts {f.trigger.describe()}: a protocol "
+                            "event of the roles has no Chaos Mesh translation (a Workflow "
+                            "runs on a schedule); give it an at_s to export it")
         if f.at_s >= horizon_s:
             notes.append(f"fault {f.index} ({f.kind}) at {f.at_s:g} s: after the run's end "
                          f"({horizon_s:g} s), dropped")

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from statistics import mean, median
 from typing import Callable, Mapping, Sequence
 
+from testbed.decision import Decision
 from testbed.report.metrics import completed, is_relayed, percentile, producer_of
 from testbed.report.rundir import ModeData, RunData
 
@@ -185,8 +186,8 @@ def claim_baseline_tail(runs, bench) -> Claim:
            "kv_transfer_min_s": min(kv) if kv else None,
            "kv_transfer_max_s": max(kv) if kv else None,
            "kv_transfer_p90_s": percentile(kv, 90)}
-    prefills = {((r.get("reports") or {}).get("router") or {}).get("instances", {}).get("PREFILL")
-                for r in mode.requests} - {None}
+    prefills = {d.instances.get("PREFILL") for r in mode.requests
+                if (d := Decision.of_record(r)) is not None} - {None}
     note = {"fleet": f"the fleet: {len(prefills)} P share one WAN line",
             "baseline-64k": "one P on the line"}.get(
         slot, "headline run (no fleet or baseline-64k run): mixed contexts")

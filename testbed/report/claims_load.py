@@ -10,6 +10,7 @@ from __future__ import annotations
 from statistics import mean, median
 from typing import Mapping
 
+from testbed.decision import Decision
 from testbed.report.capacity import (CapacityConfig, Prices, capacities_from_cost_model,
                                      compare_fleets, size_fleets)
 from testbed.report.claims import (DIFFERS, NOT_HERE, REPRODUCED, Claim, _fmt, _missing, _pick,
@@ -136,8 +137,9 @@ def rld_peak_hold(mode: ModeData, token_scale: int) -> tuple[int, int, int | Non
     prompt (x token_scale) and what RLD decoded of it."""
     edges, budget = [], None
     for r in mode.requests:
-        budget = budget or ((r.get("reports") or {}).get("router") or {}).get(
-            "rld_budget", {}).get("kv_tokens")
+        d = Decision.of_record(r)
+        if d is not None and d.routing is not None:
+            budget = budget or d.routing.rld_budget_kv_tokens
         times = [t[2] for t in r.get("tokens") or () if producer_of(t) == "RLD"]
         if not times or r.get("prompt_len") is None:
             continue
@@ -293,8 +295,8 @@ def _anomalous(r: Mapping, pdd: Mapping) -> bool:
 
 
 def _caught(r: Mapping) -> bool:
-    why = str(((r.get("reports") or {}).get("router") or {}).get("reason") or "")
-    return why.startswith("anomalous") and r.get("pipeline") == "rld-only"
+    d = Decision.of_record(r)
+    return d is not None and d.reason.startswith("anomalous") and r.get("pipeline") == "rld-only"
 
 
 def claim_filter(runs, bench) -> Claim:

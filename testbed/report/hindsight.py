@@ -59,6 +59,8 @@ from __future__ import annotations
 from statistics import median
 from typing import Iterable, Mapping, Sequence
 
+from testbed.decision import Decision
+
 WORST_N = 10
 # the reasons of the modes' own rules (testbed/pdd/policy/pdd.py, p_rld.py) that hindsight
 # judges
@@ -78,11 +80,11 @@ def _report(record: Mapping, role: str) -> Mapping:
 def kind(record: Mapping) -> str | None:
     """Which judged decision a record holds (``p-md``, ``p-rld-md``, ``rld-only``), or
     None when hindsight does not judge it (see the module docstring)."""
-    router = _report(record, "router")
-    reason, pipeline = str(router.get("reason") or ""), router.get("pipeline")
-    if record.get("status") != "completed" or router.get("reserves"):
+    d = Decision.of_record(record)
+    if d is None or d.routing is None or record.get("status") != "completed" or d.reserves:
         return None
-    if str(router.get("policy") or "") not in _MODE_POLICIES:  # another policy: by pipeline
+    reason, pipeline = d.reason, d.pipeline
+    if d.routing.policy not in _MODE_POLICIES:  # another policy: by pipeline
         if reason.startswith(_NOT_JUDGED) or any(f in reason for f in _FORCED):
             return None
         return pipeline if pipeline in ("p-md", "p-rld-md") else None
@@ -124,7 +126,7 @@ def judge(record: Mapping, est: Mapping, relay_threshold_s: float) -> dict | Non
     k = kind(record)
     if k is None:
         return None
-    router, t_sent = _report(record, "router"), record.get("t_sent")
+    routing, t_sent = Decision.of_record(record).routing, record.get("t_sent")
     p_end = _report(record, "P").get("t_prefill_end")
     kv_done = _report(record, "MD").get("t_kv_done")
     first = _first_token_at(record)
@@ -134,9 +136,7 @@ def judge(record: Mapping, est: Mapping, relay_threshold_s: float) -> dict | Non
     if k == "p-md":
         overhead = est.get("relay_overhead_s")
         if overhead is None:
-            overhead = router.get("predicted_local_s")
-        if overhead is None:
-            return None
+            overhead = routing.predicted_local_s
         other = p_end + overhead - t_sent
         gain = ttft - other
         reversed_, cost = gain >= relay_threshold_s, max(0.0, gain)
@@ -147,17 +147,16 @@ def judge(record: Mapping, est: Mapping, relay_threshold_s: float) -> dict | Non
         gain = other - ttft
         reversed_, cost = gain < relay_threshold_s, max(0.0, -gain)
     else:  # rld-only: the KV's time is the router's prediction; TTFT is RLD's either way
-        wan_s = router.get("late_kv_wan_s", router.get("predicted_wan_s"))
-        e2e = record.get("e2e_s")
-        if wan_s is None or e2e is None:
+        wan_s, e2e = routing.late_kv_wan_s, record.get("e2e_s")
+        if e2e is None:
             return None
         other, gain = ttft, None
         reversed_, cost = wan_s < t_sent + e2e - p_end, 0.0
-    return {"id": record.get("id"), "pipeline": k, "reason": router.get("reason"),
+    return {"id": record.get("id"), "pipeline": k, "reason": Decision.of_record(record).reason,
             "ttft_s": round(ttft, 4), "other_ttft_s": round(other, 4),
             "gain_s": None if gain is None else round(gain, 4),
             "reversed": bool(reversed_), "cost_s": round(cost if reversed_ else 0.0, 4),
-            "inputs": {key: router.get(key) for key in
+            "inputs": {key: getattr(routing, key) for key in
                        ("predicted_wan_s", "wan_margin_s", "predicted_local_s",
                         "wan_gbit", "wan_backlog_bytes", "late_kv_wan_s",
                         "wan_retrans_share")}

@@ -101,6 +101,10 @@ def summarize(run: RunData) -> dict:
     paired = {(a, b): paired_metrics(records[a], records[b]) for a, b in pairs
               if a in records and b in records}
     results = evaluate(run.resolved.get("expectations") or [], modes, paired)
+    untriggered = [f"{m.name}: fault {e.get('fault')} ({e.get('fault_kind')}) never started: "
+                   f"its trigger '{e.get('trigger')}' saw {e.get('seen')} matching events"
+                   for m in run.modes for e in m.events
+                   if e.get("kind") == "fault_untriggered"]
     fid = fidelity_of(run)
     return {
         "scenario": run.metadata.get("scenario") or run.resolved.get("name") or run.path.name,
@@ -110,8 +114,9 @@ def summarize(run: RunData) -> dict:
         "comparisons": compare(modes, metrics, pairs),
         "paired": [{"mode": a, "baseline": b, **p} for (a, b), p in paired.items()],
         "expectations": results,
-        "passed": all(r["passed"] for r in results) and all(map(tokens_intact, modes.values())),
-        "failures": failures(modes, results),
+        "passed": all(r["passed"] for r in results) and all(map(tokens_intact, modes.values()))
+        and not untriggered,
+        "failures": failures(modes, results) + untriggered,
         "fidelity": fid,
     }
 

@@ -49,10 +49,11 @@ def describe(sc, opts) -> str:
         f"{st.hit_rate_mean * 100:.1f}% per request",
         "faults" + ("     none" if not sc.faults else ""),
     ]
-    for f in sorted(sc.faults, key=lambda f: f.at_s):
+    for f in sorted(sc.faults, key=lambda f: (f.trigger is not None, f.at_s)):
         end = f" for {f.duration_s:g} s" if f.duration_s else ""
         params = ", ".join(f"{k}={v}" for k, v in f.params.items())
-        lines.append(f"  t={f.at_s:>6.1f}s {f.kind} on {f.link}{end} {params}")
+        when = f"t={f.at_s:>6.1f}s" if f.trigger is None else f.trigger.describe() + ":"
+        lines.append(f"  {when} {f.kind} on {f.link}{end} {params}")
     lines.append("expect" + ("     none" if not sc.expectations else ""))
     for e in sc.expectations:
         bound = f"{e.op} {e.value:g}" if e.op else \

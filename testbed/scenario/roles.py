@@ -63,10 +63,12 @@ class RoleSet:
     def _start(self, inst: dict, extra: list[str], log_mode: str = "w") -> subprocess.Popen:
         log = (self.logs / f"{inst['name']}.log").open(log_mode)
         stats = self.logs / f"{inst['name']}.stats.jsonl"
-        if log_mode == "w":
-            stats.unlink(missing_ok=True)  # a restart appends (a new pid), a new run starts afresh
+        events = self.logs / f"{inst['name']}.events.jsonl"  # protocol events (triggers)
+        if log_mode == "w":  # a restart appends (a new pid), a new run starts afresh
+            stats.unlink(missing_ok=True)
+            events.unlink(missing_ok=True)
         argv = [sys.executable, "-m", "testbed.pdd.run.node", str(self.config_path), inst["name"],
-                "--log-level", "INFO", "--stats", str(stats)] + extra
+                "--log-level", "INFO", "--stats", str(stats), "--events", str(events)] + extra
         proc = self.net.popen(self._host_of(inst), argv, what=f"{inst['role']} {inst['name']}",
                               stdout=subprocess.PIPE, stderr=log)
         log.close()

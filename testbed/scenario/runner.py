@@ -29,6 +29,7 @@ from testbed.net.backend import probe_backend
 from testbed.net.calibrate import parse_ping
 from testbed.net.events import EventLog
 from testbed.scenario.faults import Action, actions_for
+from testbed.scenario.triggers import POLL_S, EventTail, TriggeredFaults
 from testbed.scenario.metadata import write_metadata
 from testbed.scenario.policies import check_policies
 from testbed.scenario.sampler import SAMPLE_EVERY_S, LinkSampler, RttProbe
@@ -52,14 +53,18 @@ class RunOptions:
     engine: str | None = None  # every mode's compute engine (torch | hash); None: the scenario's
 
 
-def run_timeline(actions: list[Action], t0: float, until, tick) -> None:
-    """Run actions at t0 + at_s until ``until()`` is true; ``tick()`` in between."""
+def run_timeline(actions: list[Action], t0: float, until, tick, triggered=None) -> None:
+    """Run actions at t0 + at_s until ``until()`` is true; ``tick()`` in between;
+    ``triggered`` (``TriggeredFaults``): more actions once their event fires."""
     seq = itertools.count()
     heap = [(a.at_s, next(seq), a) for a in actions]
     heapq.heapify(heap)
     next_tick = time.monotonic()
     started: set[int] = set()
     while not until():
+        if triggered is not None and triggered.pending:
+            for a in triggered.poll(t0):
+                heapq.heappush(heap, (a.at_s, next(seq), a))
         now = time.monotonic()
         if heap and t0 + heap[0][0] <= now:
             _, _, action = heapq.heappop(heap)
@@ -74,7 +79,8 @@ def run_timeline(actions: list[Action], t0: float, until, tick) -> None:
             tick()
             next_tick = now + SAMPLE_EVERY_S
         wake = min([next_tick] + ([t0 + heap[0][0]] if heap else []))
-        time.sleep(max(0.0, min(wake - time.monotonic(), 0.1)))
+        longest = POLL_S if triggered is not None and triggered.pending else 0.1
+        time.sleep(max(0.0, min(wake - time.monotonic(), longest)))
     for _, _, action in sorted(heap, key=lambda e: (e[0], e[1])):
         if action.ends in started:  # the workload finished first: end what started
             action.run()
@@ -134,7 +140,10 @@ def run_mode(sc: Scenario, mode: ModeRun, plan_args: dict, out: Path,
             capture.__enter__()
             roles = start_roles(net, sc, mode, workload, mode_dir, ready_timeout_s)
             rtt = RttProbe(net, *probe_hosts(net.plan.topology), mode_dir / "ping.txt")
-            actions = [a for fault in sc.faults for a in actions_for(fault, net, roles)]
+            actions = [a for fault in sc.faults if fault.trigger is None
+                       for a in actions_for(fault, net, roles)]
+            triggered = TriggeredFaults([(f, actions_for(f, net, roles)) for f in sc.faults
+                                         if f.trigger is not None], EventTail(roles.logs), events)
             status = Status(mode.value, workload, roles, sampler, sc.faults)
             deadline = roles.t0 + run_deadline_s(sc, mode, workload.stats.span_s)
             events.record("workload_start", n_requests=len(workload.requests))
@@ -145,7 +154,8 @@ def run_mode(sc: Scenario, mode: ModeRun, plan_args: dict, out: Path,
                 status.show(time.monotonic() - roles.t0)
 
             run_timeline(actions, roles.t0, lambda: roles.client_done() or
-                         time.monotonic() > deadline, tick)
+                         time.monotonic() > deadline, tick, triggered)
+            triggered.untriggered()
             sampler.sample()
             events.record("workload_end", client_exit=roles.client_exit(),
                           timed_out=not roles.client_done())

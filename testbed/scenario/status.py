@@ -22,8 +22,8 @@ class Status:
         self.last_print = -1e9
 
     def _active(self, t: float) -> str:
-        names = [f.kind for f in self.faults
-                 if f.at_s <= t and f.end_s is not None and t < f.end_s]
+        names = [f.kind for f in self.faults if f.trigger is None
+                 and f.at_s <= t and f.end_s is not None and t < f.end_s]
         return ",".join(names) or "none"
 
     def line(self, t: float) -> str:

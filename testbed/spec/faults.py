@@ -5,8 +5,11 @@ entry has ``at_s`` (seconds from the workload start), a ``kind``, an
 optional ``link`` (default ``wan``) and ``duration_s``, and that kind's
 parameters, which the kind's own module reads (testbed/spec/faultkinds/:
 one module per kind, its parameters, runner actions and Chaos Mesh
-translation). A duration makes a fault end by itself. Pure: the runner's
-``testbed.scenario.faults`` turns the specs into timed actions.
+translation). A duration makes a fault end by itself. Instead of ``at_s`` a
+fault may have ``trigger: {event, nth, role|instance, delay_s}``: it starts on a
+role's protocol event (testbed/spec/triggers.py), its times counted from
+there. Pure: the runner's ``testbed.scenario.faults`` turns the specs into
+timed actions.
 
 Kinds (``testbed.spec.faultkinds.reference()``)::
 
@@ -30,18 +33,27 @@ from testbed.spec.faultkinds import FAULT_KINDS, kind
 from testbed.spec.faultkinds.base import FaultSpec
 from testbed.spec.faultkinds.bandwidth_schedule import load_rate_trace
 from testbed.spec.faultkinds.kill import KILLABLE_ROLES
+from testbed.spec.triggers import parse_trigger
 
 __all__ = ["FAULT_KINDS", "KILLABLE_ROLES", "FaultSpec", "load_rate_trace", "parse_faults"]
 
 
 def _parse_one(f: Fields, index: int, base: Path) -> FaultSpec:
-    at = f.num("at_s", lo=0, unit="s")
+    trigger = None
+    if f.has("trigger"):
+        if f.has("at_s"):
+            raise f.error("at_s", "absent when trigger: is given (a fault starts at a time or "
+                          "on an event)", f.raw("at_s"))
+        trigger = parse_trigger(f.sub("trigger"))
+        at = trigger.delay_s
+    else:
+        at = f.num("at_s", lo=0, unit="s")
     name = f.choice("kind", FAULT_KINDS)
     link = f.str("link", "wan")
     duration = f.num("duration_s", None, lo=0, lo_open=True, unit="s")
     params, duration = kind(name).parse(f, base, duration)
     f.done()
-    return FaultSpec(index, at, name, link, duration, params)
+    return FaultSpec(index, at, name, link, duration, params, trigger)
 
 
 def parse_faults(f: Fields, key: str, base: Path) -> tuple[FaultSpec, ...]:

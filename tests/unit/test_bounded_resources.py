@@ -319,37 +319,126 @@ def test_time_outside_recv_does_not_count_against_the_frame_timeout():
     assert [f.request_id for f in run(go())] == [1, 2]
 
 
-def test_connections_beyond_the_cap_are_closed_and_the_others_keep_working():
-    async def go():
-        async def echo(conn):
-            while True:
-                await conn.send(await conn.recv())
+async def _admission_listener(**caps):
+    """A TCP listener echoing frames; a connection's first frame says who it is, as a
+    role's HELLO would: request id 1 a configured instance (member), 2 a guest, anything
+    else nothing (it stays pending)."""
+    box = {}
 
-        listener = await TcpTransport(TcpOptions(max_connections=3)).serve("127.0.0.1", 0, echo)
+    async def echo(conn):
+        first = await conn.recv()
+        if first.request_id in (1, 2):
+            why = box["listener"].identified(conn, member=first.request_id == 1)
+            if why is not None:
+                raise ConnectionClosed(why)
+        await conn.send(first)
+        while True:
+            await conn.send(await conn.recv())
+
+    box["listener"] = await TcpTransport(TcpOptions(**caps)).serve("127.0.0.1", 0, echo)
+    return box["listener"]
+
+
+async def _alive(conn, rid: int) -> bool:
+    try:
+        await conn.send(Frame(rid, Health(rid)))
+        return (await asyncio.wait_for(conn.recv(), 2.0)).request_id == rid
+    except (ConnectionClosed, ProtocolError):
+        return False
+
+
+def test_a_connection_beyond_the_cap_closes_the_oldest_that_said_nothing():
+    async def go():
+        listener = await _admission_listener(max_connections=3)
         client = TcpTransport()
-        conns = [await client.connect(*listener.address) for _ in range(5)]
-        await asyncio.sleep(0.2)
-        results = []
-        for i, conn in enumerate(conns):
-            try:
-                await conn.send(Frame(i, Health(i)))
-                results.append((await conn.recv()).request_id)
-            except ConnectionClosed:
-                results.append(None)
-        refused = listener.refused
+        conns = []
+        for _ in range(5):
+            conns.append(await client.connect(*listener.address))
+            await asyncio.sleep(0.05)  # accepted in this order
+        alive = [await _alive(c, 7) for c in conns]
+        evicted, refused = listener.evicted, listener.refused
         for conn in conns:
             conn.close()
         await asyncio.sleep(0.1)
         again = await client.connect(*listener.address)  # freed slots are used again
-        await again.send(Frame(9, Health(9)))
-        results.append((await again.recv()).request_id)
+        alive.append(await _alive(again, 9))
         again.close()
         listener.close()
         await listener.wait_closed()
-        return results, refused
+        return alive, evicted, refused
 
-    results, refused = run(go())
-    assert results == [0, 1, 2, None, None, 9] and refused == 2
+    alive, evicted, refused = run(go())
+    assert alive == [False, False, True, True, True, True] and (evicted, refused) == (2, 0)
+
+
+def test_a_connection_is_refused_only_when_every_open_one_said_who_it_is():
+    async def go():
+        listener = await _admission_listener(max_connections=3)
+        client = TcpTransport()
+        members = [await client.connect(*listener.address) for _ in range(3)]
+        said = [await _alive(c, 1) for c in members]
+        late = await client.connect(*listener.address)
+        await asyncio.sleep(0.1)
+        alive = [await _alive(c, 5) for c in [*members, late]]
+        for conn in [*members, late]:
+            conn.close()
+        listener.close()
+        await listener.wait_closed()
+        return said, alive, listener.refused
+
+    said, alive, refused = run(go())
+    assert said == [True] * 3 and alive == [True, True, True, False] and refused == 1
+
+
+def test_strangers_cannot_take_the_room_kept_for_configured_instances():
+    """max_connections 8, of which strangers 3: 6 connections that never say who they
+    are leave 3 open; 3 guests then push those out, a 4th guest is closed at its HELLO;
+    members still get in beside them."""
+    async def go():
+        listener = await _admission_listener(max_connections=8, max_strangers=3)
+        client = TcpTransport()
+        silent = []
+        for _ in range(6):
+            silent.append(await client.connect(*listener.address))
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.1)
+        pending_after_flood = len(listener.pending)
+        guests, guest_ok, members, member_ok = [], [], [], []
+        for _ in range(4):  # each says HELLO before the next connects
+            guests.append(await client.connect(*listener.address))
+            guest_ok.append(await _alive(guests[-1], 2))
+        for _ in range(4):
+            members.append(await client.connect(*listener.address))
+            member_ok.append(await _alive(members[-1], 1))
+        counts = (pending_after_flood, len(listener.pending), len(listener.guests),
+                  listener.guests_refused)
+        for conn in [*silent, *guests, *members]:
+            conn.close()
+        listener.close()
+        await listener.wait_closed()
+        return guest_ok, member_ok, counts
+
+    guest_ok, member_ok, counts = run(go())
+    assert guest_ok == [True, True, True, False] and member_ok == [True] * 4
+    assert counts == (3, 0, 3, 1)
+
+
+def test_one_address_may_hold_only_its_share_of_connections_without_hello():
+    async def go():
+        listener = await _admission_listener(max_connections=64, max_per_address=2)
+        client = TcpTransport()
+        conns = []
+        for _ in range(4):
+            conns.append(await client.connect(*listener.address))
+            await asyncio.sleep(0.05)
+        alive = [await _alive(c, 7) for c in conns]
+        for conn in conns:
+            conn.close()
+        listener.close()
+        await listener.wait_closed()
+        return alive, listener.evicted
+
+    assert run(go()) == ([False, False, True, True], 2)
 
 
 def test_only_the_configured_router_becomes_the_roles_router_and_a_lost_one_falls_back():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from testbed.decision import Decision, Reserve, Routing
 from testbed.report.hindsight import WORST_N, estimates, hindsight, judge, kind
 
 T0 = 1000.0  # t_sent of every record (the monotonic clock the roles share)
@@ -13,10 +14,17 @@ RELAY = "long transfer (2.00 s): relay"
 LATE = "KV would reach MD (30.00 s) after RLD's last token (20.00 s): no WAN transfer"
 
 
+# a routing whose inputs hindsight does not read unless a test sets them
+ROUTING = {f: 0 for f in Routing.__dataclass_fields__} | {"policy": "pdd"}
+
+
 def rec(rid, pipeline, reason, p_end, ttft, kv_done=None, relay_ms=None, e2e=None,
-        status="completed", **router):
-    """A record: P's prefill ends at T0 + p_end, the first token comes at T0 + ttft."""
-    reports = {"router": {"pipeline": pipeline, "reason": reason, **router},
+        status="completed", reserves=(), **routing):
+    """A record: P's prefill ends at T0 + p_end, the first token comes at T0 + ttft; the
+    router's decision as the router writes it."""
+    decision = Decision(pipeline, reason, "pdd", ("MAIN_DECODE", "PREFILL", "RELAY_DECODE"),
+                        {}, Routing(**(ROUTING | routing)), tuple(reserves))
+    reports = {"router": decision.data(),
                "P": {"t_prefill_end": T0 + p_end}}
     if kv_done is not None:
         reports["MD"] = {"t_kv_done": T0 + kv_done}
@@ -83,7 +91,8 @@ def test_an_rld_only_decision_is_reversed_when_the_predicted_kv_beat_rlds_decode
     rec(15, "rld-only", "long transfer: decode on RLD", p_end=1.0, ttft=1.1),
     rec(16, "p-md", SHORT, p_end=1.0, ttft=None, status="failed"),
     rec(17, "p-md", SHORT, p_end=1.0, ttft=5.0, kv_done=4.9,
-        reserves=[{"pipeline": "p-md->re-served-rld-only"}]),
+        reserves=[Reserve("p-md->re-served-rld-only", "re-served after MD lost", 1, 3,
+                          "MAIN_DECODE", T0 + 1.5, ("PREFILL", "RELAY_DECODE"), "pdd")]),
 ])
 def test_decisions_the_rule_did_not_make_from_a_prediction_are_not_judged(record):
     assert kind(record) is None and judge(record, estimates(BASE), 0.5) is None

@@ -19,20 +19,22 @@ MAY_IMPORT = {
     "types": set(),
     "histogram": set(),
     "linkmath": set(),
+    "impairment": {"errors"},  # LinkSpec/LossSpec and their rules: pure, only SpecError
     "readyline": set(),
+    "decision": set(),
     "strict": {"errors"},
     "reader": {"errors", "strict"},
-    "spec": {"errors", "types", "strict", "reader", "workload"},
+    "spec": {"errors", "types", "strict", "reader", "impairment", "workload"},
     "workload": {"errors", "strict", "reader"},
-    "net": {"errors", "histogram", "linkmath", "readyline", "spec"},
-    "pdd": {"errors", "types", "histogram", "readyline", "strict"},
-    "bench": {"errors", "types", "net", "spec", "workload", "pdd"},
-    "scenario": {"errors", "types", "strict", "readyline", "spec", "workload", "net", "pdd",
-                 "report"},
-    "report": {"errors", "types", "histogram"},
-    "export": {"errors", "types", "strict", "linkmath", "spec", "workload", "scenario", "pdd",
-               "report"},
-    "vm": {"errors", "spec", "net"},
+    "net": {"errors", "histogram", "linkmath", "impairment", "readyline", "spec"},
+    "pdd": {"errors", "types", "decision", "histogram", "impairment", "readyline", "strict"},
+    "bench": {"errors", "types", "impairment", "net", "spec", "workload", "pdd"},
+    "scenario": {"errors", "types", "strict", "readyline", "impairment", "spec", "workload", "net",
+                 "pdd", "report"},
+    "report": {"errors", "types", "decision", "histogram"},
+    "export": {"errors", "types", "strict", "linkmath", "impairment", "spec", "workload", "scenario",
+               "pdd", "report"},
+    "vm": {"errors", "impairment", "spec", "net"},
     "cli": None,  # everything, inside each subcommand
 }
 # single modules with a wider reach than their package, and why
@@ -105,6 +107,7 @@ def test_the_roles_import_neither_the_network_nor_spec_nor_scenario():
     ("from testbed.pdd.run.config import parse_config\n", "report"),
     ("from testbed.spec.topology import Topology\n", "workload"),
     ("from testbed.spec.reader import Fields\n", "workload"),
+    ("from testbed.reader import Fields\n", "impairment"),  # pure: the YAML side is spec/link.py
 ])
 def test_a_forbidden_import_is_found(tmp_path, monkeypatch, source, pkg):
     fake = tmp_path / "testbed"

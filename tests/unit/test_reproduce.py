@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from testbed.decision import Decision, Routing
 from testbed.cli import main
 from testbed.errors import EmulationError
 from testbed.report.claims import (DIFFERS, NOT_HERE, REPRODUCED, claim_baseline_tail,
@@ -50,7 +51,14 @@ def rec(i, ttft, *, n_tok=16, rld=0, tok_s=0.05, hit=0.95, prompt=100, max_out=1
             "bytes": {"kv_wan": kv_wan, "kv_intra": 0, "handoff": 0},
             "handoff": {"stall_ms": stall}, "md_hit_rate": hit,
             "kv_at_md": {"actual_wan_s": 0.5, "predicted_wan_s": 0.4},
-            "reports": {"router": {"reason": reason}}}
+            "reports": {"router": decision(pipeline, reason)}}
+
+
+def decision(pipeline="p-md", reason="", instances=None, **routing) -> dict:
+    """The router's decision record as the router writes it (testbed/decision.py)."""
+    fields = {f: 0 for f in Routing.__dataclass_fields__} | {"policy": "pdd"} | routing
+    return Decision(pipeline, reason, "pdd", ("MAIN_DECODE", "PREFILL"), instances or {},
+                    Routing(**fields)).data()
 
 
 def write_run(root: Path, slot: str, modes: dict, *, scale=10.0, sla=None) -> Path:
@@ -148,7 +156,7 @@ def test_baseline_tail_prefers_the_fleet_to_the_one_p_run(tmp_path):
     fleet = [rec(i, 10.0, prompt=2048) for i in range(10)]
     for i, r in enumerate(fleet):  # placed on three P instances
         r["reports"] = {**r.get("reports", {}),
-                        "router": {"instances": {"PREFILL": f"p{i % 3 + 1}"}}}
+                        "router": decision(instances={"PREFILL": f"p{i % 3 + 1}"})}
     write_run(tmp_path, "fleet", {"cross-dc-pd": ("cross-dc-pd", {}, fleet, 10.0)})
     c = claim_baseline_tail(runs_of(tmp_path), None)
     assert c.figures["ttft_p50_s"] == pytest.approx(10.0) and c.verdict == REPRODUCED
@@ -280,7 +288,7 @@ def test_p_rld_collapse(tmp_path):
 def test_rld_peak_hold_counts_what_rld_decodes_at_once():
     def on_rld(i, first, n_tok, prompt):  # t_sent i; RLD's tokens from i+first, 1 s apart
         r = rec(i, first, n_tok=n_tok, rld=n_tok, tok_s=1.0, prompt=prompt)
-        r["reports"]["router"]["rld_budget"] = {"max_batch": 8, "kv_tokens": 10_000}
+        r["reports"]["router"] = decision(rld_budget_max_batch=8, rld_budget_kv_tokens=10_000)
         return r
     # r0 on RLD over [0, 4], r1 over [2, 4], r2 over [10, 11]; r3 is MD's only
     mode = ModeData("p-rld", (on_rld(0, 0.0, 5, 100), on_rld(1, 1.0, 3, 50),

@@ -8,7 +8,18 @@ terminal ``request_timeout_s`` after it was sent fails ("timeout") and the
 router gets CANCEL -> once every request is terminal, wait up to
 ``report_grace_s`` for the roles' REPORTs (and straggling tokens) -> close
 and return one record per request (``client_record``), in workload order.
-Losing the router connection fails every open request with that reason.
+Losing the router (its connection ends: killed, restarted) interrupts
+every request sent on that connection that has not ended. The client
+connects again (every ``RECONNECT_S``) and *resumes* each: a new REQUEST
+whose prompt is the original prompt plus the tokens already received at
+positions 0..k-1 and whose max output is the rest, positions shifted by k
+on arrival, so no token the client holds is asked for again (greedy
+decoding makes the continuation the same tokens the whole request would
+have had; ``verify`` checks it). A request is resumed at most
+``MAX_RESUMES`` times, then fails ("router connection lost: ..."). A
+request whose arrival comes while no router answers waits for one; every
+request's ``request_timeout_s`` counts from its arrival, waits and resumes
+included ("router unreachable" or "timeout" after it).
 Warm-up requests (``ClientRequest.warmup``) carry ``warmup`` in their metadata;
 ``python -m testbed.pdd.run.node`` replays them, and checks they all completed,
 before it announces "ready" and replays the measured requests.
@@ -31,9 +42,12 @@ from typing import Iterable, Sequence
 from testbed.errors import ProtocolError, SpecError
 from testbed.pdd.roles.client_record import ClientRequest, RequestTrace
 from testbed.pdd.run.config import ClusterConfig
-from testbed.pdd.wire.protocol import Cancel, Frame, Hello, Request, Role
+from testbed.pdd.wire.protocol import Cancel, Frame, Hello, Request, Role, Tokens
 from testbed.pdd.wire.transport import Connection, ConnectionClosed, Transport
 from testbed.strict import MAX_INT, finite, parse_json, read_text
+
+RECONNECT_S = 0.2  # between attempts to reach the router again after losing it
+MAX_RESUMES = 3  # times one request is resumed after losing the router
 
 __all__ = ["Client", "ClientRequest", "load_requests", "write_records", "from_workload",
            "warmup_problems"]
@@ -49,13 +63,21 @@ class Client:
         self.on_end = on_end
         self.traces: dict[int, RequestTrace] = {}  # by wire request id (1..)
         self._conn: Connection | None = None
+        self._sent_on: dict[int, Connection] = {}  # request id -> the connection it went on
+        self._offset: dict[int, int] = {}  # request id -> its resumed round's first position
+        self._interrupted: list[int] = []  # requests to resume once the router is back
+        self.reconnects = 0  # router connections made after the first
         self._changed = asyncio.Event()
         self._t0 = 0.0
 
-    async def run(self, requests: Sequence[ClientRequest]) -> list[dict]:
+    async def _connect(self) -> Connection:
         router = self.cfg.of_role(Role.ROUTER)[0]
-        self._conn = await self.transport.connect(router.host, router.port)
-        await self._conn.send(Frame(0, Hello(Role.CLIENT, self.name)))
+        conn = await self.transport.connect(router.host, router.port)
+        await conn.send(Frame(0, Hello(Role.CLIENT, self.name)))
+        return conn
+
+    async def run(self, requests: Sequence[ClientRequest]) -> list[dict]:
+        self._conn = await self._connect()
         self.traces = {i + 1: RequestTrace(r) for i, r in enumerate(requests)}
         loop = asyncio.get_running_loop()
         reader = loop.create_task(self._read())
@@ -68,7 +90,8 @@ class Client:
                              self.cfg.client.report_grace_s)
         finally:
             reader.cancel()
-            self._conn.close()
+            if self._conn is not None:
+                self._conn.close()
             await asyncio.gather(reader, return_exceptions=True)
         c = self.cfg
         return [t.record(c.mode.value, c.relay.handoff_mode.value) for t in self.traces.values()]
@@ -82,24 +105,36 @@ class Client:
         meta = {"id": req.id, "session": req.session}
         if req.warmup:
             meta["warmup"] = True
-        try:
-            await self._conn.send(Frame(rid, Request(req.prompt, req.max_out, meta)))
-        except (ConnectionClosed, ProtocolError) as err:
-            trace.fail(f"cannot send: {err}")
-            self._changed.set()
-            return
         timeout = self.cfg.client.request_timeout_s
+        deadline = loop.time() + timeout
         try:
-            await asyncio.wait_for(self._until(lambda: trace.terminal), timeout)
+            await asyncio.wait_for(self._until(lambda: self._conn is not None), timeout)
+        except asyncio.TimeoutError:
+            trace.fail(f"router unreachable for {timeout:g} s (request_timeout_s)")
+            self._ended(trace)
+            return
+        conn = self._conn
+        self._sent_on[rid] = conn
+        try:
+            await conn.send(Frame(rid, Request(req.prompt, req.max_out, meta)))
+        except (ConnectionClosed, ProtocolError):
+            pass  # the reader sees the connection end and resumes the request
+        try:
+            await asyncio.wait_for(self._until(lambda: trace.terminal),
+                                   max(0.0, deadline - loop.time()))
         except asyncio.TimeoutError:
             trace.fail(f"timeout after {timeout:g} s")
             self._changed.set()
             try:
-                await self._conn.send(Frame(rid, Cancel()))
+                await self._sent_on[rid].send(Frame(rid, Cancel()))
             except ConnectionClosed:
                 pass
+        self._ended(trace)
+
+    def _ended(self, trace: RequestTrace) -> None:
+        self._changed.set()
         if self.on_end is not None:
-            self.on_end(req.id)
+            self.on_end(trace.req.id)
 
     async def _until(self, cond) -> None:
         while not cond():
@@ -113,20 +148,62 @@ class Client:
             pass
 
     async def _read(self) -> None:
-        try:
-            while True:
-                frame = await self._conn.recv()
-                self._on_frame(frame)
+        """Read the router's frames; on losing it, fail what was sent on that connection
+        and connect again."""
+        while True:
+            conn = self._conn
+            try:
+                while True:
+                    frame = await conn.recv()
+                    self._on_frame(conn, frame)
+                    self._changed.set()
+            except (ConnectionClosed, ProtocolError) as err:
+                conn.close()
+                self._conn = None
+                for rid, t in self.traces.items():
+                    if self._sent_on.get(rid) is conn and not t.terminal:
+                        if t.resumes < MAX_RESUMES:
+                            self._interrupted.append(rid)
+                        else:
+                            t.fail(f"router connection lost: {err} ({t.resumes} resumes)")
                 self._changed.set()
-        except (ConnectionClosed, ProtocolError) as err:
-            for t in self.traces.values():
-                t.fail(f"router connection lost: {err}")
-            self._changed.set()
+            while self._conn is None:
+                await asyncio.sleep(RECONNECT_S)
+                try:
+                    self._conn = await self._connect()
+                except (OSError, ConnectionClosed):
+                    continue
+                self.reconnects += 1
+                self._changed.set()
+            await self._resume_interrupted()
 
-    def _on_frame(self, frame: Frame) -> None:
+    async def _resume_interrupted(self) -> None:
+        """Send each interrupted request again from its first missing position."""
+        conn, todo, self._interrupted = self._conn, self._interrupted, []
+        for rid in todo:
+            t = self.traces[rid]
+            if t.terminal:
+                continue
+            k = t.resume()
+            if k >= t.req.max_out:  # every token arrived; only DONE was lost
+                t.done = True
+                self._changed.set()
+                continue
+            req, held = t.req, tuple(t.tokens[p][0] for p in range(k))
+            meta = {"id": req.id, "session": req.session, "resumed_from": k}
+            self._sent_on[rid], self._offset[rid] = conn, k
+            try:
+                await conn.send(Frame(rid, Request(req.prompt + held, req.max_out - k, meta)))
+            except (ConnectionClosed, ProtocolError):
+                return  # the reader sees it and resumes again
+
+    def _on_frame(self, conn: Connection, frame: Frame) -> None:
         trace, msg = self.traces.get(frame.request_id), frame.message
-        if trace is None or trace.t_sent is None:
+        if trace is None or self._sent_on.get(frame.request_id) is not conn:
             return
+        k = self._offset.get(frame.request_id, 0)
+        if k and isinstance(msg, Tokens):
+            msg = Tokens(msg.producer, msg.start_position + k, msg.token_ids)
         trace.on_message(msg, time.monotonic())
 
 

@@ -33,8 +33,10 @@ positions). Times are ``time.monotonic()``; token times are relative to
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
+from testbed.decision import Decision, Reserve
 from testbed.pdd.wire.protocol import HEADER_SIZE, Done, Error, Report, Role, Tokens
 
 PRODUCER_NAMES = {Role.PREFILL: "P", Role.RELAY_DECODE: "RLD", Role.MAIN_DECODE: "MD"}
@@ -64,7 +66,10 @@ class RequestTrace:
     duplicated: int = 0
     done: bool = False
     failure: str | None = None
-    reports: dict[str, dict] = field(default_factory=dict)
+    reports: dict[str, dict] = field(default_factory=dict)  # by role key, the router's aside
+    decision: Decision | None = None  # the router's REPORT (testbed/decision.py)
+    resumes: int = 0  # times resumed after the router was lost (client.py)
+    _resumed_at: tuple[int, float] | None = None  # (first position, when) of a resume
     token_bytes: int = 0
 
     @property
@@ -73,12 +78,13 @@ class RequestTrace:
 
     @property
     def expected_reports(self) -> set[str]:
-        roles = self.reports.get("router", {}).get("roles", [])
+        roles = self.decision.roles if self.decision is not None else ()
         return {"router"} | {_ROLE_KEYS[r] for r in roles}
 
     @property
     def reports_complete(self) -> bool:
-        return "router" in self.reports and self.expected_reports <= set(self.reports)
+        got = set(self.reports) | ({"router"} if self.decision is not None else set())
+        return self.decision is not None and self.expected_reports <= got
 
     def on_tokens(self, msg: Tokens, now: float) -> None:
         self.token_bytes += HEADER_SIZE + len(msg.encode())
@@ -92,14 +98,30 @@ class RequestTrace:
 
     def on_report(self, msg: Report) -> None:
         key = _ROLE_KEYS[msg.role.name]
-        if key == "router" and "reserve" in msg.data and "router" in self.reports:
-            # re-served after a decoder was lost: keep the routing decision, add the round;
-            # the roles whose REPORTs complete the record are the new round's
-            first = self.reports["router"]
-            first.setdefault("reserves", []).append(msg.data)
-            first["roles"] = msg.data["roles"]
+        if key != "router":
+            self.reports[key] = msg.data
             return
-        self.reports[key] = msg.data
+        try:
+            if self._resumed_at is not None and self.decision is not None \
+                    and "reserve" not in msg.data:
+                # the new router's decision for a resumed request: a round of its own
+                new, (k, t) = Decision.read(msg.data), self._resumed_at
+                first = self.decision.pipeline
+                self.decision = self.decision.with_reserve(Reserve(
+                    f"{first}->re-served-{new.pipeline}",
+                    f"re-served after the router was lost: {new.reason}",
+                    len(self.decision.reserves) + 1, k,
+                    "ROUTER", round(t, 6), new.roles, new.mode))
+                self._resumed_at = None
+            elif "reserve" in msg.data and self.decision is not None:
+                # re-served after a decoder was lost: keep the routing decision, add the
+                # round; the roles whose REPORTs complete the record are the new round's
+                self.decision = self.decision.with_reserve(Reserve.read(msg.data))
+            else:
+                self.decision = Decision.read(msg.data)
+                self._resumed_at = None
+        except ValueError as err:
+            self.fail(f"the router's decision record is unreadable: {err}")
 
     def on_message(self, msg, now: float) -> None:
         """A message from the router about this request (TOKENS, DONE, ERROR, REPORT)."""
@@ -111,6 +133,18 @@ class RequestTrace:
             self.fail(msg.reason)
         elif isinstance(msg, Report):
             self.on_report(msg)
+
+    def resume(self) -> int:
+        """The request is sent again after the router was lost: the first position it
+        lacks (the positions after it are dropped: the new round sends them again)."""
+        k = 0
+        while k in self.tokens:
+            k += 1
+        for p in [p for p in self.tokens if p > k]:
+            del self.tokens[p]
+        self.resumes += 1
+        self._resumed_at = (k, time.monotonic())
+        return k
 
     def fail(self, reason: str) -> None:
         if not self.terminal:
@@ -147,22 +181,23 @@ class RequestTrace:
                 "tokens": rld.get("handoff_tokens", 0)}
 
     def pipeline(self) -> str | None:
-        reserves = self.reports.get("router", {}).get("reserves")
-        if reserves:
-            return reserves[-1]["pipeline"]  # "<first>->re-served-<pipeline>"
+        d = self.decision
+        if d is not None and d.reserves:
+            return d.reserves[-1].pipeline  # "<first>->re-served-<pipeline>"
         final = self.reports.get("RLD", {}).get("pipeline_final")
-        return final or self.reports.get("router", {}).get("pipeline")
+        return final or (d.pipeline if d is not None else None)
 
     def kv_at_md(self) -> dict:
-        router, p, md = (self.reports.get(k, {}) for k in ("router", "P", "MD"))
-        t_route, pred = router.get("t_route"), router.get("predicted_kv_at_md_s")
+        p, md = (self.reports.get(k, {}) for k in ("P", "MD"))
+        routing = self.decision.routing if self.decision is not None else None
         done, p_end = md.get("t_kv_done"), p.get("t_prefill_end")
-        out = {"predicted_s": None, "actual_s": None, "predicted_wan_s":
-               router.get("predicted_wan_s"), "actual_wan_s": None}
-        if "MAIN_DECODE" not in router.get("roles", []) or t_route is None:
-            return dict(out, predicted_wan_s=None)
-        if pred is not None:
-            out["predicted_s"] = round(pred - t_route, 6)
+        out = {"predicted_s": None, "actual_s": None, "predicted_wan_s": None,
+               "actual_wan_s": None}
+        if routing is None or "MAIN_DECODE" not in self.decision.roles:
+            return out
+        t_route = routing.t_route
+        out["predicted_wan_s"] = routing.predicted_wan_s
+        out["predicted_s"] = round(routing.predicted_kv_at_md_s - t_route, 6)
         if done is not None:
             out["actual_s"] = round(done - t_route, 6)
             if p_end is not None:
@@ -201,5 +236,11 @@ class RequestTrace:
                          "kv_bytes": p.get("kv_overrun_bytes", 0)},
             "kv_at_md": self.kv_at_md(),
             "relay_overhead_ms": self.relay_overhead_ms(),
-            "prompt": list(self.req.prompt), "reports": self.reports,
+            "prompt": list(self.req.prompt), "reports": self.all_reports(),
         }
+
+    def all_reports(self) -> dict[str, dict]:
+        """Every REPORT's data by role key, the router's decision as ``router``."""
+        if self.decision is None:
+            return dict(self.reports)
+        return {"router": self.decision.data(), **self.reports}

@@ -132,6 +132,9 @@ class MainDecodeNode(DecodingRoleServer):
     def active_requests(self) -> int:
         return len(self.states)
 
+    def held_request_ids(self) -> list[int]:
+        return list(self.states)
+
     async def on_frame(self, peer: Peer, frame: Frame) -> None:
         rid, msg = frame.request_id, frame.message
         st = self.states.get(rid)
@@ -229,6 +232,7 @@ class MainDecodeNode(DecodingRoleServer):
         bs = self.cfg.prefill.block_size
         self.drc.insert(prompt, block_segments(st.cache, len(prompt), bs))
         st.kv_done = True
+        self.protocol_event("kv_done", st.rid, tokens=len(prompt))
         st.kv_event.set()  # requests waiting for this prefix may ask for the rest now
         self._kv_done_ids[str(st.rid)] = time.monotonic()
         self._not_receiving(st.rid)
@@ -276,6 +280,7 @@ class MainDecodeNode(DecodingRoleServer):
             await self._start_decoding(st, h.next_position, h.next_token)
         else:
             await peer.send(st.rid, HandoffAck(msg.batch, h.next_position))
+            self.protocol_event("handoff_acked", st.rid, batch=msg.batch)
 
     async def _start_decoding(self, st: MainState, position: int, token: int) -> None:
         """Emit ``token`` at ``position`` (MD's first token) and decode the rest."""

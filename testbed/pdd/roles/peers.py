@@ -6,7 +6,10 @@ the base class of P, RLD, MD and the router. Connection lifecycle:
 - inbound: the role listens on its instance's (host, port); the first frame
   of every accepted connection must be HELLO, within ``limits.hello_timeout_s``
   (the decoder refuses any other type as the first frame on its header; else
-  that connection is closed, the role keeps serving); then each frame goes to
+  that connection is closed, the role keeps serving); the listener keeps room
+  for the configured instances (``transport.Listener``: connections without
+  HELLO or from an unconfigured peer are capped in all and per address, the
+  oldest without HELLO closed to make room); then each frame goes to
   ``on_frame(peer, frame)``, one at a time per connection;
 - every REQUEST, whoever sends it, is checked against the model first
   (``request_problem``: token ids in the vocabulary, prompt + max output
@@ -29,6 +32,7 @@ cancels spawned tasks).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Coroutine
@@ -36,9 +40,10 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from testbed.errors import ProtocolError
+from testbed.types import PROTOCOL_EVENTS
 from testbed.pdd.run.config import ClusterConfig, Instance
 from testbed.pdd.compute.engine import ModelConfig
-from testbed.pdd.wire.protocol import (Error, ErrorCode, Frame, Hello, Message, MsgType, Report,
+from testbed.pdd.wire.protocol import (Cancel, Error, ErrorCode, Frame, Hello, Message, MsgType, Report,
                                   Request, Role, frame_size)
 from testbed.pdd.wire.transport import Connection, ConnectionClosed, Listener, Transport
 
@@ -113,6 +118,7 @@ class RoleServer:
         self._stopped = False
         self._routers: list[Peer] = []  # inbound connections greeting as the router, oldest first
         self.stray_frames = 0  # frames about unknown requests (or unexpected), dropped
+        self.events_out = None  # a text file: protocol events, one JSON line each
         self.rejected_requests = 0  # REQUESTs answered with ERROR by request_problem
 
     @property
@@ -169,6 +175,34 @@ class RoleServer:
     def active_requests(self) -> int:
         """Requests this role holds now (bounded by ``limits.max_requests``)."""
         return 0
+
+    def protocol_event(self, kind: str, rid: int, **fields) -> None:
+        """Write one protocol event (``testbed.types.PROTOCOL_EVENTS``) to the events
+        file, if the process has one: ``{"t", "event", "role", "name", "rid", ...}``, ``t``
+        the system-wide monotonic clock, one flushed line (a trigger may be waiting)."""
+        if self.events_out is None:
+            return
+        assert kind in PROTOCOL_EVENTS, kind
+        line = {"t": round(time.monotonic(), 6), "event": kind,
+                "role": self.ROLE.name.lower(), "name": self.name, "rid": rid, **fields}
+        self.events_out.write(json.dumps(line) + "\n")
+        self.events_out.flush()
+
+    def held_request_ids(self) -> list[int]:
+        """The router's request ids this role holds now (what it drops when the router
+        is lost)."""
+        return []
+
+    async def _router_lost(self, peer: Peer) -> None:
+        """The router's last connection ended: the requests it routed here can reach no
+        client any more (a restarted router numbers its requests afresh and the client
+        resumes them there), so each is dropped as if the router had sent CANCEL."""
+        rids = self.held_request_ids()
+        if rids:
+            log.warning("%s: the router %s is gone: dropping the %d requests it routed here",
+                        self.name, peer.name, len(rids))
+        for rid in rids:
+            await self.on_frame(peer, Frame(rid, Cancel()))
 
     async def reject_request(self, peer: Peer, rid: int, why: str,
                              code: ErrorCode = ErrorCode.PROTOCOL) -> None:
@@ -262,6 +296,11 @@ class RoleServer:
         if not isinstance(first.message, Hello):  # expect_first lets nothing else through
             raise ProtocolError(f"first frame must be HELLO, got {first.msg_type.name}")
         hello = first.message
+        member = any(i.name == hello.name and i.role == hello.role for i in self.cfg.instances)
+        if self._listener is not None and \
+                (why := self._listener.identified(conn, member)) is not None:
+            raise ConnectionClosed(f"{hello.role.name} {hello.name!r} from {conn.peer} is no "
+                                   f"configured instance and {why}")
         peer = Peer(conn, hello.role, hello.name, outbound=False)
         routers = {i.name for i in self.cfg.of_role(Role.ROUTER)}
         if hello.role == Role.ROUTER and hello.name in routers:
@@ -309,3 +348,6 @@ class RoleServer:
                 del self._out[peer.name]
             if not self._stopped:
                 await self.on_peer_lost(peer)
+                if not peer.outbound and peer.role == Role.ROUTER and self.router is None \
+                        and any(i.name == peer.name for i in self.cfg.of_role(Role.ROUTER)):
+                    await self._router_lost(peer)

@@ -150,6 +150,9 @@ class PrefillNode(RoleServer):
     def active_requests(self) -> int:
         return len(self.jobs)
 
+    def held_request_ids(self) -> list[int]:
+        return list(self.jobs)
+
     async def on_frame(self, peer: Peer, frame: Frame) -> None:
         rid, msg = frame.request_id, frame.message
         job = self.jobs.get(rid)
@@ -265,6 +268,7 @@ class PrefillNode(RoleServer):
         """KV_CHUNKs of [start, n) then KV_DONE; return the KV_CHUNK bytes sent."""
         n, step = len(job.request.prompt_token_ids), self.cfg.prefill.kv_chunk_tokens
         sent = chunks = 0
+        half = start + (n - start) / 2  # the WAN transfer's midpoint, in tokens
         for s in range(start, n, step):
             if job.cancelled or (job.md_cancelled and peer.role == Role.MAIN_DECODE):
                 return sent
@@ -277,6 +281,9 @@ class PrefillNode(RoleServer):
                 raise ConnectionClosed(f"{peer.name} closed")
             sent += chunk_frame_bytes(chunk)
             chunks += 1
+            if peer.role == Role.MAIN_DECODE and s < half <= e:
+                self.protocol_event("kv_transfer_half", job.rid, tokens=e - start,
+                                    of_tokens=n - start)
             await asyncio.sleep(0)  # let the other path and other roles run
         await job.prefilled.wait()  # token 0 exists once the prefill has ended
         if not await peer.send(job.rid, KvDone(n, sent, chunks)):

@@ -71,6 +71,9 @@ class RelayDecodeNode(DecodingRoleServer):
     def active_requests(self) -> int:
         return len(self.states)
 
+    def held_request_ids(self) -> list[int]:
+        return list(self.states)
+
     def _state(self, rid: int) -> RelayState:
         if rid not in self.states:
             r = self.cfg.relay
@@ -171,6 +174,10 @@ class RelayDecodeNode(DecodingRoleServer):
         if not await st.md_peer.send(st.rid, msg):
             await self._md_lost(st, "HANDOFF could not be sent")
             return
+        self.protocol_event("handoff_sent", st.rid, batch=batch.batch, start=batch.start,
+                            tokens=batch.end - batch.start, final=batch.final)
+        if batch.final:
+            self.protocol_event("handoff_final", st.rid, batch=batch.batch)
         if batch.final:
             await self._free(st, {})
 

@@ -15,9 +15,10 @@ sends TOKENS, DONE, ERROR and REPORT back on it). Per request:
    (``routing.RldBudget``); the policy (``router.policy``, by default the
    mode's own: ``testbed/pdd/policy/``) picks the pipeline.
    The router REPORTs the decision with every input and the prediction to
-   the client (the decision record: ``pipeline``, ``reason``, ``t_route``,
-   ``predicted_wan_s``, ``predicted_kv_at_md_s``, backlog, capacity, RTT,
-   RLD load, ``roles``) and sends P the REQUEST with metadata {pipeline, rld, md}.
+   the client (the decision record, ``testbed.decision.Decision``: ``pipeline``,
+   ``reason``, ``roles``, and its ``Routing``: ``t_route``, ``predicted_wan_s``,
+   ``predicted_kv_at_md_s``, backlog, capacity, RTT, RLD load) and sends P
+   the REQUEST with metadata {pipeline, rld, md}.
 2. TOKENS, DONE, ERROR and REPORT from the roles are forwarded to the client
    under the client's request id. The router keeps every token id RLD
    emitted (for RLD loss), counts RLD's live requests and their modeled KV
@@ -50,6 +51,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from testbed.decision import Decision, Reserve, Routing
 from testbed.pdd.run.config import ClusterConfig, Mode, Pipeline
 from testbed.pdd.roles.peers import Peer, RoleServer
 from testbed.pdd.wire.protocol import (Cancel, Done, Error, ErrorCode, FinishReason, Frame, Handoff,
@@ -133,8 +135,11 @@ class RouterNode(RoleServer):
         self._nonces = itertools.count(1)
         self.requests: dict[int, Routed] = {}
         self._by_client: dict[tuple[int, int], Routed] = {}
-        self._rids = itertools.count(1)
-        self._rid_high = 0  # the highest request id handed out so far
+        # request ids start at the start time (ms) x 65536: a restarted router never hands
+        # out an id a role may still hold, or see in a late frame, from the one before it
+        self._rid_base = (time.time_ns() // 1_000_000) << 16
+        self._rids = itertools.count(self._rid_base)
+        self._rid_high = self._rid_base - 1  # the highest request id handed out so far
         self.rld_active: dict[str, int] = {}
         self.dead: set[str] = set()
 
@@ -248,7 +253,7 @@ class RouterNode(RoleServer):
             self._on_wan_status(peer.name, msg.data)
         elif isinstance(msg, Report) and rid == 0 and peer.role == Role.PREFILL:
             self._on_tcp_status(msg.data)
-        elif isinstance(msg, HealthAck) or 0 < rid <= self._rid_high:
+        elif isinstance(msg, HealthAck) or self._rid_base <= rid <= self._rid_high:
             pass  # a late answer to a forgotten probe, or a late frame of an ended request
         else:
             self.stray(peer, frame)
@@ -293,8 +298,8 @@ class RouterNode(RoleServer):
         """A REQUEST refused before ``on_frame`` (``RoleServer._refusal``): the decision
         record says why, then ERROR."""
         if peer.role == Role.CLIENT:
-            info = {"pipeline": None, "reason": why, "roles": [], "mode": self.cfg.mode.value}
-            await peer.send(rid, Report(Role.ROUTER, self.name, info))
+            refused = Decision(None, why, self.cfg.mode.value)
+            await peer.send(rid, Report(Role.ROUTER, self.name, refused.data()))
         await super().reject_request(peer, rid, why, code)
 
     async def _route(self, client: Peer, client_rid: int, req: Request) -> None:
@@ -311,7 +316,7 @@ class RouterNode(RoleServer):
         r.request = req
         self.requests[r.rid] = r
         self._by_client[(id(client), client_rid)] = r
-        await client.send(client_rid, Report(Role.ROUTER, self.name, info))
+        await client.send(client_rid, Report(Role.ROUTER, self.name, info.data()))
         missing = [role.name for role, n in r.names.items() if n is None]
         if missing:
             await self._end(r, f"no live instance of {', '.join(missing)}")
@@ -328,7 +333,7 @@ class RouterNode(RoleServer):
             await self._end(r, "prefill unavailable")
 
     def _decide(self, client: Peer, client_rid: int, req: Request, names: dict,
-                cands: Candidates) -> tuple[Routed, dict]:
+                cands: Candidates) -> tuple[Routed, Decision]:
         """The pipeline of ``req`` and its decision record (every input, the prediction)."""
         now, cfg, timing = time.monotonic(), self.cfg, self.cfg.timing
         prompt, n = req.prompt_token_ids, len(req.prompt_token_ids)
@@ -391,28 +396,31 @@ class RouterNode(RoleServer):
             self.wan.watch(r.rid, now, wan_bytes, pred)
             if md_mirror is not None:
                 r.md_prompt = tuple(prompt)  # MD's DRC will insert it
-        info = {"pipeline": d.pipeline.value, "reason": d.reason, "t_route": round(now, 6),
-                **pred.as_dict(), "wan_margin_s": round(margin, 6),
-                "late_kv_wan_s": round(late.wan_s, 6),
-                "wan_gbit_recovered": round(late.capacity_gbit, 4),
-                "wan_margin_samples": self.wan.n_errors, "predicted_local_s": round(local_s, 6),
-                "wan_retrans_share": round(retrans_share, 6),
-                "policy": self.policy_name, "policy_us": round(policy_s * 1e6, 1),
-                "wan_retrans_segments": self.loss.counts(now)[0],
-                "wan_rto_s": round(self.wan_rto_s, 6),
-                "local_backlog_bytes": int(self.local.backlog_bytes(now)),
-                "local_backlog_transfers": self.local.n_transfers,
-                "predicted_prefill_end_s": round(p_end, 6),
-                "inflight_shared_tokens": shared,
-                "predicted_prefill_s": round(prefill_s, 6), "wan_nominal_bytes": wan_bytes,
-                "router_hit_tokens": hit, "router_md_hit_tokens": md_hit,
-                "rld_active": active, "rld_held_tokens": self.rld_held.get(rld, 0),
-                "rld_budget": {"max_batch": self.rld_budget.max_batch,
-                               "kv_tokens": self.rld_budget.kv_tokens},
-                "rld_decode_s": round(rld_decode_s, 6),
-                "roles": sorted(role.name for role in involved), "mode": cfg.mode.value,
-                "instances": {role.name: names[role] for role in sorted(involved,
-                                                                        key=lambda x: x.name)}}
+        routing = Routing(
+            t_route=round(now, 6), policy=self.policy_name, policy_us=round(policy_s * 1e6, 1),
+            predicted_prefill_s=round(prefill_s, 6), predicted_prefill_end_s=round(p_end, 6),
+            predicted_wan_s=round(pred.wan_s, 6), predicted_kv_at_md_s=round(pred.arrival_s, 6),
+            predicted_local_s=round(local_s, 6), late_kv_wan_s=round(late.wan_s, 6),
+            wan_gbit=round(pred.capacity_gbit, 4),
+            wan_gbit_recovered=round(late.capacity_gbit, 4), wan_rtt_s=round(pred.rtt_s, 6),
+            wan_overhead_s=round(pred.overhead_s, 6),
+            wan_queue_delay_s=round(pred.queue_delay_s, 6),
+            wan_capacity_age_s=round(pred.capacity_age_s, 3),
+            wan_backlog_bytes=int(pred.backlog_bytes),
+            wan_backlog_transfers=pred.backlog_transfers, wan_margin_s=round(margin, 6),
+            wan_margin_samples=self.wan.n_errors, wan_nominal_bytes=wan_bytes,
+            wan_retrans_share=round(retrans_share, 6),
+            wan_retrans_segments=self.loss.counts(now)[0], wan_rto_s=round(self.wan_rto_s, 6),
+            local_backlog_bytes=int(self.local.backlog_bytes(now)),
+            local_backlog_transfers=self.local.n_transfers, inflight_shared_tokens=shared,
+            router_hit_tokens=hit, router_md_hit_tokens=md_hit, rld_active=active,
+            rld_held_tokens=self.rld_held.get(rld, 0),
+            rld_budget_max_batch=self.rld_budget.max_batch,
+            rld_budget_kv_tokens=self.rld_budget.kv_tokens, rld_decode_s=round(rld_decode_s, 6))
+        ordered = sorted(involved, key=lambda x: x.name)
+        info = Decision(d.pipeline.value, d.reason, cfg.mode.value,
+                        tuple(role.name for role in ordered),
+                        {role.name: names[role] for role in ordered}, routing)
         return r, info
 
     def _policy_decide(self, inputs: RouteInputs) -> tuple[RouteDecision, float]:
@@ -573,12 +581,10 @@ class RouterNode(RoleServer):
             r.rld_tokens_held = self._rld_tokens(req, d)
             self.rld_active[target] = self.rld_active.get(target, 0) + 1
             self.rld_held[target] = self.rld_held.get(target, 0) + r.rld_tokens_held
-        info = {"pipeline": f"{first}->re-served-{pipeline.value}",
-                "reason": f"re-served after {why}",
-                "reserve": {"round": r.reserves, "from_position": d, "lost": lost.name,
-                            "t": round(time.monotonic(), 6)},
-                "roles": sorted(role.name for role in r.names), "mode": self.cfg.mode.value}
-        await r.client.send(r.client_rid, Report(Role.ROUTER, self.name, info))
+        reserve = Reserve(f"{first}->re-served-{pipeline.value}", f"re-served after {why}",
+                          r.reserves, d, lost.name, round(time.monotonic(), 6),
+                          tuple(sorted(role.name for role in r.names)), self.cfg.mode.value)
+        await r.client.send(r.client_rid, Report(Role.ROUTER, self.name, reserve.data()))
         meta = dict(req.metadata, pipeline=pipeline.value, rld=r.names.get(Role.RELAY_DECODE),
                     md=r.names.get(Role.MAIN_DECODE))
         peer = await self.peer_if_live(p)

@@ -153,16 +153,6 @@ class WanPrediction:
         """Router clock time at which MD is expected to hold the KV."""
         return self.start_s + self.wan_s
 
-    def as_dict(self) -> dict:
-        return {"predicted_wan_s": round(self.wan_s, 6),
-                "predicted_kv_at_md_s": round(self.arrival_s, 6),
-                "wan_backlog_bytes": int(self.backlog_bytes),
-                "wan_backlog_transfers": self.backlog_transfers,
-                "wan_gbit": round(self.capacity_gbit, 4), "wan_rtt_s": round(self.rtt_s, 6),
-                "wan_overhead_s": round(self.overhead_s, 6),
-                "wan_queue_delay_s": round(self.queue_delay_s, 6),
-                "wan_capacity_age_s": round(self.capacity_age_s, 3)}
-
 
 @dataclass
 class _Transfer:

@@ -225,6 +225,14 @@ class LimitsConfig:
                                 "timeout", lo=0.0)
     max_connections: int = _f(256, "a role's listener closes connections beyond this many "
                               "open ones at once", lo=1)
+    max_strangers: int = _f(0, "of max_connections, how many may be strangers: connections "
+                            "that have not sent HELLO yet or whose HELLO names no configured "
+                            "instance; a new connection beyond closes the oldest one without "
+                            "HELLO. 0: auto, max_connections minus 4 per configured instance "
+                            "(at least 1)", lo=0)
+    max_connections_per_address: int = _f(32, "strangers' connections one peer address may "
+                                          "hold; a new one beyond closes that address's "
+                                          "oldest without HELLO", lo=1)
     max_requests: int = _f(512, "requests a role holds at once (each holds a KV cache of up "
                            "to prompt + max output tokens); a REQUEST beyond gets "
                            "ERROR(OVERLOADED)", lo=1)

@@ -43,7 +43,18 @@ def tcp_options(cfg: ClusterConfig) -> TcpOptions:
                       max_bulk_payload_bytes=lim.max_kv_payload_bytes,
                       max_control_payload_bytes=lim.max_control_payload_bytes,
                       frame_timeout_s=lim.frame_timeout_s or None,
-                      max_connections=lim.max_connections)
+                      max_connections=lim.max_connections,
+                      max_strangers=strangers_cap(cfg),
+                      max_per_address=lim.max_connections_per_address)
+
+
+def strangers_cap(cfg: ClusterConfig) -> int:
+    """``limits.max_strangers``, its auto value resolved: room for 4 connections of each
+    configured instance kept out of the strangers' reach."""
+    lim = cfg.limits
+    if lim.max_strangers:
+        return min(lim.max_strangers, lim.max_connections)
+    return max(1, lim.max_connections - 4 * len(cfg.instances))
 
 
 def _probe(stats: str | None, cfg: ClusterConfig, name: str, node: object = None,
@@ -58,9 +69,12 @@ def _probe(stats: str | None, cfg: ClusterConfig, name: str, node: object = None
 
 
 async def serve_role(cfg: ClusterConfig, name: str, stats: str | None = None,
-                     sched: dict | None = None) -> None:
-    """Run a server role until SIGTERM/SIGINT (``stats``: its RoleProbe's file)."""
+                     sched: dict | None = None, events: str | None = None) -> None:
+    """Run a server role until SIGTERM/SIGINT (``stats``: its RoleProbe's file; ``events``:
+    where it appends its protocol events, ``RoleServer.protocol_event``)."""
     node = ROLE_CLASSES[cfg.instance(name).role](cfg, name, TcpTransport(tcp_options(cfg)))
+    if events:
+        node.events_out = open(events, "a")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -75,6 +89,8 @@ async def serve_role(cfg: ClusterConfig, name: str, stats: str | None = None,
         await node.stop()
         if probe is not None:
             await probe.stop()
+        if node.events_out is not None:
+            node.events_out.close()
 
 
 async def run_client(cfg: ClusterConfig, name: str, workload: str, out: str,
@@ -115,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", help="client: requests.jsonl to write")
     ap.add_argument("--stats", help="append the role's fidelity counters to this JSONL file "
                                     "(testbed.pdd.run.probe)")
+    ap.add_argument("--events", help="server roles: append protocol events (handoff_sent, "
+                                     "kv_transfer_half, ...) to this JSONL file")
     ap.add_argument("--log-level", default="WARNING")
     args = ap.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
@@ -142,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {err}", file=sys.stderr)
             return 2
     else:
-        asyncio.run(serve_role(cfg, args.name, args.stats, sched))
+        asyncio.run(serve_role(cfg, args.name, args.stats, sched, args.events))
     return 0
 
 

@@ -53,8 +53,12 @@ def loopback_config(cfg: ClusterConfig) -> ClusterConfig:
 class RoleProcesses:
     """The role processes of one cluster (see the module docstring)."""
 
-    def __init__(self, cfg: ClusterConfig, run_dir: str | Path, ready_timeout_s: float = 60.0):
+    def __init__(self, cfg: ClusterConfig, run_dir: str | Path, ready_timeout_s: float = 60.0,
+                 events: bool = False):
+        """``events``: each server role appends its protocol events to
+        ``<run_dir>/<name>.events.jsonl``."""
         self.cfg, self.run_dir = cfg, Path(run_dir)
+        self.events = events
         self.ready_timeout_s = ready_timeout_s
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.config_path = self.run_dir / "cluster.json"
@@ -92,8 +96,9 @@ class RoleProcesses:
         return proc
 
     def _spawn(self, name: str) -> subprocess.Popen:
+        extra = ("--events", str(self.run_dir / f"{name}.events.jsonl")) if self.events else ()
         with open(self.run_dir / f"{name}.log", "ab") as log:
-            proc = subprocess.Popen(self._argv(name), stdout=subprocess.PIPE, stderr=log,
+            proc = subprocess.Popen(self._argv(name, *extra), stdout=subprocess.PIPE, stderr=log,
                                     start_new_session=True)
         self.procs[name] = proc
         return proc

@@ -116,6 +116,11 @@ class Connection(abc.ABC):
         self._closed = False
 
     @property
+    def peer_host(self) -> str:
+        """The peer's address without its port (what a listener caps per address)."""
+        return self.peer.rsplit(":", 1)[0]
+
+    @property
     def closed(self) -> bool:
         """True once ``close()`` was called on this side."""
         return self._closed
@@ -234,12 +239,107 @@ class Connection(abc.ABC):
 
 
 class Listener(abc.ABC):
-    """A bound server; ``close()`` stops accepting and closes its live connections."""
+    """A bound server; ``close()`` stops accepting and closes its live connections.
 
-    def __init__(self, max_connections: int | None = None) -> None:
+    Admission (``admit`` when a connection is accepted, ``identified`` once its
+    HELLO is read): a *stranger* is a connection that has not said who it is
+    (no HELLO yet: *pending*) or said it is no configured instance (a *guest*).
+    Strangers may hold ``max_strangers`` connections, and one address
+    ``max_per_address`` of them; the rest of ``max_connections`` is kept for
+    the configured instances (*members*), whom no stranger can crowd out. A
+    new connection that finds the strangers' room full closes the *oldest
+    pending* connection (of its own address first) instead of being refused,
+    so a flood of connections that never send HELLO evicts itself while an
+    honest peer, whose HELLO follows its connect at once, gets in; a guest
+    beyond its room is closed at its HELLO. A connection is refused outright
+    only when ``max_connections`` are open and none of them is pending.
+    """
+
+    def __init__(self, max_connections: int | None = None, max_strangers: int | None = None,
+                 max_per_address: int | None = None) -> None:
         self.connections: set[Connection] = set()
         self.max_connections = max_connections  # None: no cap
-        self.refused = 0  # connections closed at once because the cap was reached
+        self.max_strangers = max_strangers if max_strangers is not None else max_connections
+        self.max_per_address = max_per_address  # None: no cap per address
+        self.pending: dict[Connection, None] = {}  # accepted, no HELLO yet; oldest first
+        self.guests: set[Connection] = set()  # said HELLO, not a configured instance
+        self.refused = 0  # connections closed at once: max_connections open, none pending
+        self.evicted = 0  # pending connections closed to make room for a newer one
+        self.guests_refused = 0  # guests closed at their HELLO: the strangers' room was full
+
+    def _strangers_of(self, host: str) -> list[Connection]:
+        return [c for c in (*self.pending, *self.guests) if c.peer_host == host]
+
+    def admit(self, conn: Connection) -> bool:
+        """Count a newly accepted ``conn`` as pending, evicting the oldest pending one
+        where a cap is reached; False: refused (nothing pending to evict)."""
+        self.connections.add(conn)
+        self.pending[conn] = None
+        host = conn.peer_host
+        if self.max_per_address is not None:
+            mine = self._strangers_of(host)
+            if len(mine) > self.max_per_address:
+                oldest = next((c for c in self.pending if c is not conn and c.peer_host == host),
+                              None)
+                if oldest is None:
+                    return self._refuse(conn, f"{len(mine) - 1} connections from {host} "
+                                        "(max_connections_per_address)")
+                self._evict(oldest, f"{len(mine) - 1} connections from {host} "
+                            "(max_connections_per_address)")
+        over_total = self.max_connections is not None and \
+            len(self.connections) > self.max_connections
+        over_strangers = self.max_strangers is not None and \
+            len(self.pending) + len(self.guests) > self.max_strangers
+        if over_total or over_strangers:
+            oldest = next((c for c in self.pending if c is not conn), None)
+            if oldest is not None:
+                self._evict(oldest, f"{len(self.pending) + len(self.guests) - 1} connections "
+                            "without a configured peer (max_strangers)")
+            elif over_total:
+                return self._refuse(conn, f"{len(self.connections) - 1} connections open "
+                                    "(max_connections)")
+        return True
+
+    def identified(self, conn: Connection, member: bool) -> str | None:
+        """``conn`` said HELLO: a configured instance (``member``) or a guest. None if it
+        may stay; else why it may not (the caller closes it)."""
+        self.pending.pop(conn, None)
+        if member:
+            return None
+        host = conn.peer_host
+        if self.max_strangers is not None and len(self.guests) >= self.max_strangers:
+            why = f"{len(self.guests)} unconfigured peers connected (max_strangers)"
+        elif self.max_per_address is not None and \
+                len(self._strangers_of(host)) >= self.max_per_address:
+            why = f"{len(self._strangers_of(host))} connections from {host} " \
+                  "(max_connections_per_address)"
+        else:
+            self.guests.add(conn)
+            return None
+        self.guests_refused += 1
+        return why
+
+    def release(self, conn: Connection) -> None:
+        """``conn`` has ended: out of every count."""
+        self.connections.discard(conn)
+        self.pending.pop(conn, None)
+        self.guests.discard(conn)
+
+    def _evict(self, conn: Connection, why: str) -> None:
+        self.pending.pop(conn, None)
+        self.evicted += 1
+        if self.evicted == 1 or self.evicted % 100 == 0:
+            log.warning("closing connection from %s before its HELLO to make room: %s; "
+                        "%d closed so far", conn.peer, why, self.evicted)
+        conn.close()
+
+    def _refuse(self, conn: Connection, why: str) -> bool:
+        self.release(conn)
+        self.refused += 1
+        if self.refused == 1 or self.refused % 100 == 0:
+            log.warning("refusing connection from %s: %s; %d refused so far", conn.peer, why,
+                        self.refused)
+        return False
 
     @property
     @abc.abstractmethod
@@ -281,19 +381,12 @@ class Transport(abc.ABC):
 async def run_handler(listener: Listener, conn: Connection, handler: Handler) -> None:
     """Run one server-side connection: the handler's errors close it, never the server.
 
-    Over the listener's ``max_connections`` a new connection is closed at once (logged).
+    The listener admits it first (``Listener.admit``: a refused one is closed at once).
     """
-    cap = listener.max_connections
-    if cap is not None and len(listener.connections) >= cap:
-        listener.refused += 1
-        if listener.refused == 1 or listener.refused % 100 == 0:
-            log.warning("refusing connection from %s: %d connections open (max_connections); "
-                        "%d refused so far", conn.peer, len(listener.connections),
-                        listener.refused)
+    if not listener.admit(conn):
         conn.close()
         await conn.wait_closed()
         return
-    listener.connections.add(conn)
     try:
         await handler(conn)
     except ProtocolError as err:
@@ -303,7 +396,7 @@ async def run_handler(listener: Listener, conn: Connection, handler: Handler) ->
     except Exception:  # a handler bug must not take the listener down
         log.exception("closing connection from %s: handler failed", conn.peer)
     finally:
-        listener.connections.discard(conn)
+        listener.release(conn)
         conn.close()
         await conn.wait_closed()
 
@@ -317,6 +410,8 @@ class TcpOptions:
     max_control_payload_bytes: int = MAX_CONTROL_PAYLOAD_BYTES  # other types' payloads received
     frame_timeout_s: float | None = None  # a started frame must be complete within this
     max_connections: int | None = None  # a listener closes connections beyond this many
+    max_strangers: int | None = None  # of which connections without a configured peer
+    max_per_address: int | None = None  # strangers' connections from one address
     nodelay: bool = True  # TCP_NODELAY: no Nagle delay on small frames (TOKENS)
     sndbuf_bytes: int | None = None  # SO_SNDBUF; None keeps the kernel's autotuning
     rcvbuf_bytes: int | None = None  # SO_RCVBUF, set before connect/listen (window scale)
@@ -428,7 +523,8 @@ class TcpListener(Listener):
     """A ``Listener`` around an ``asyncio.Server``; runs one handler task per connection."""
 
     def __init__(self, handler: Handler, options: TcpOptions):
-        super().__init__(options.max_connections)
+        super().__init__(options.max_connections, options.max_strangers,
+                         options.max_per_address)
         self._handler, self._options = handler, options
         self._server: asyncio.Server | None = None
         self._address: tuple[str, int] = ("", 0)  # kept after close()

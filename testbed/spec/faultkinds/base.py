@@ -27,16 +27,21 @@ from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 from testbed.errors import PlanError
+from testbed.spec.triggers import Trigger
 
 
 @dataclass(frozen=True)
 class FaultSpec:
+    """One fault. ``at_s``: seconds from the workload start, or, for a fault with
+    ``trigger`` (a ``Trigger``), seconds after the event it fires on (its ``delay_s``)."""
+
     index: int
     at_s: float
     kind: str
     link: str = "wan"
     duration_s: float | None = None
     params: dict = field(default_factory=dict)  # the kind's own, plain data
+    trigger: Trigger | None = None  # starts on a protocol event, not at a time
 
     @property
     def end_s(self) -> float | None:

@@ -7,8 +7,8 @@ from testbed.errors import PlanError
 from testbed.spec.faultkinds.base import Export, Step, start
 
 NAME = "kill"
-DOC = "role (main_decode|relay_decode|prefill) [instance]  kill -9 a role process"
-KILLABLE_ROLES = ("main_decode", "relay_decode", "prefill")
+DOC = "role (main_decode|relay_decode|prefill|router) [instance]  kill -9 a role process"
+KILLABLE_ROLES = ("main_decode", "relay_decode", "prefill", "router")
 
 
 def parse(f, base, duration_s):
