@@ -83,3 +83,28 @@ def test_requests_sent_after_the_restart_were_served_by_the_new_router(run):
     late = [r for r in records if r["arrival_s"] > t_back + 0.5]
     assert late and all(r["status"] == "completed" and not Decision.of_record(r).reserves
                         for r in late)
+
+
+class _Conn:
+    closed = False
+
+
+def test_a_round_takes_frames_only_from_the_connections_it_was_routed_over():
+    """A restarted RLD (a new connection of instance rld0) working on a request the router
+    had routed to the one before it is not that request's RLD: its frames are refused
+    (the router cancels them there), while MD, not connected at routing, is bound to its
+    first connection."""
+    from testbed.pdd.roles.peers import Peer
+    from testbed.pdd.roles.router import Routed
+    from testbed.pdd.run.config import Pipeline
+    from testbed.pdd.wire.fields import Role
+
+    p, rld = Peer(_Conn(), Role.PREFILL, "p0", True), Peer(_Conn(), Role.RELAY_DECODE, "rld0", True)
+    r = Routed(1, None, 1, Pipeline.P_RLD_MD,
+               {Role.PREFILL: "p0", Role.RELAY_DECODE: "rld0", Role.MAIN_DECODE: "md0"})
+    r.bind({"p0": p, "rld0": rld})
+    assert r.from_this_round(p) and r.from_this_round(rld)
+    assert not r.from_this_round(Peer(_Conn(), Role.RELAY_DECODE, "rld0", True))
+    md = Peer(_Conn(), Role.MAIN_DECODE, "md0", True)
+    assert r.from_this_round(md) and not r.from_this_round(
+        Peer(_Conn(), Role.MAIN_DECODE, "md0", True))

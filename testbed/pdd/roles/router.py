@@ -99,6 +99,21 @@ class Routed:
     reports: set[Role] = field(default_factory=set)
     rld_tokens_held: int = 0  # modeled KV tokens counted against RLD's budget
     first_pipeline: str = ""  # the pipeline of the first round (re-served requests)
+    # the connection of each role instance this round was routed to: a frame about this
+    # request from another connection (the instance restarted since) is not this round's
+    conns: dict[Role, Peer] = field(default_factory=dict)
+    told_off: set[int] = field(default_factory=set)  # id() of connections sent CANCEL for it
+
+    def bind(self, out: dict[str, Peer]) -> None:
+        """Bind this round to the router's current connections of its instances."""
+        self.conns = {role: out[name] for role, name in self.names.items()
+                      if name is not None and name in out and not out[name].conn.closed}
+
+    def from_this_round(self, peer: Peer) -> bool:
+        """``peer`` speaks for this round: the connection the round was routed over, or
+        the first one of its role when none was open at routing."""
+        bound = self.conns.setdefault(peer.role, peer)
+        return bound is peer
 
 
 class RouterNode(RoleServer):
@@ -245,7 +260,14 @@ class RouterNode(RoleServer):
             elif not isinstance(msg, Cancel):
                 self.stray(peer, frame, "a client sends REQUEST and CANCEL only")
         elif peer.role in _ROLES and peer.outbound and rid in self.requests:
-            await self._from_role(peer, self.requests[rid], msg)
+            r = self.requests[rid]
+            if r.from_this_round(peer):
+                await self._from_role(peer, r, msg)
+            elif id(peer) not in r.told_off:  # a restarted instance's work on a request
+                r.told_off.add(id(peer))       # the router moved elsewhere: stop it there
+                self.stray(peer, frame, f"{peer.name} restarted after this request was "
+                                        "routed to it: cancelled there")
+                await peer.send(rid, Cancel())
         elif isinstance(msg, HealthAck) and msg.nonce in self._pings:
             now = time.monotonic()
             self.wan.add_rtt_sample(now, now - self._pings.pop(msg.nonce))
@@ -314,6 +336,7 @@ class RouterNode(RoleServer):
             await self.reject_request(client, client_rid, str(err), ErrorCode.INTERNAL)
             return
         r.request = req
+        r.bind(self._out)
         self.requests[r.rid] = r
         self._by_client[(id(client), client_rid)] = r
         await client.send(client_rid, Report(Role.ROUTER, self.name, info.data()))
@@ -576,6 +599,7 @@ class RouterNode(RoleServer):
         r.rld_tokens, r.md_emitted, r.rld_freed = [], False, False
         r.md_lost_sent = r.recovered = False
         r.md_prompt, r.rld_tokens_held = None, 0
+        r.bind(self._out)
         self.requests[r.rid] = r
         if decoder == Role.RELAY_DECODE:
             r.rld_tokens_held = self._rld_tokens(req, d)
