@@ -3,9 +3,11 @@
 fault's actions to the firing event (testbed/scenario/triggers.py), and the roles
 writing those events at the moments they name (live loopback processes).
 
-The recorded stream (fixtures/events/loopback-pdd.events.jsonl) is what P, RLD and MD
-of a loopback pdd cluster wrote for 8 relayed requests (``python -m testbed.pdd.run.node
---events``, merged in time order)."""
+The recorded streams: fixtures/events/loopback-pdd.events.jsonl, what P, RLD and MD of a
+loopback pdd cluster wrote for 8 relayed requests (``python -m testbed.pdd.run.node
+--events``, merged in time order); fixtures/events/event-faults.events.jsonl, what the
+roles of ``testbed run scenarios/event-faults.yaml`` wrote (2026-12-06, commit b2bc279),
+with the runner's ``fault_trigger`` records of that run in event-faults.triggers.jsonl."""
 
 from __future__ import annotations
 
@@ -29,6 +31,23 @@ from testbed.types import PROTOCOL_EVENTS
 
 STREAM = Path(__file__).parent / "fixtures" / "events" / "loopback-pdd.events.jsonl"
 EVENTS = [json.loads(line) for line in STREAM.read_text().splitlines()]
+
+
+def test_replaying_a_runs_stream_fires_each_trigger_on_the_event_the_runner_fired_on():
+    """Offline, the triggers of scenarios/event-faults.yaml fire on exactly the events the
+    live runner recorded; the run's MD and RLD restarts are in the stream (their files
+    appended), so the counts go on across them."""
+    from testbed.spec.scenario import load_scenario
+    root = Path(__file__).resolve().parents[2]
+    faults = load_scenario(root / "scenarios" / "event-faults.yaml").faults
+    stream = [json.loads(line) for line in
+              (STREAM.parent / "event-faults.events.jsonl").read_text().splitlines()]
+    live = [json.loads(line) for line in
+            (STREAM.parent / "event-faults.triggers.jsonl").read_text().splitlines()]
+    for rec in live:
+        ev = firing(faults[rec["fault"]].trigger, stream)
+        assert (ev["event"], ev["name"], ev["rid"], ev["t"]) == \
+            (rec["event"], rec["source"], rec["rid"], rec["t_event"])
 
 
 def test_the_nth_matching_event_fires_and_only_once():
