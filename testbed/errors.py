@@ -70,9 +70,11 @@ class ApiError(TestbedError):
     """
 
     def __init__(self, status: int, message: str, param: str | None = None,
-                 type: str = "invalid_request_error", code: str | None = None):
+                 type: str = "invalid_request_error", code: str | None = None,
+                 headers: dict[str, str] | None = None):
         self.status, self.message, self.param, self.type, self.code = \
             status, message, param, type, code
+        self.headers = headers or {}  # e.g. a 429's Retry-After
         super().__init__(message)
 
     def body(self) -> dict:

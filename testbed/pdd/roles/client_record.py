@@ -68,6 +68,7 @@ class RequestTrace:
     failure: str | None = None
     reports: dict[str, dict] = field(default_factory=dict)  # by role key, the router's aside
     decision: Decision | None = None  # the router's REPORT (testbed/decision.py)
+    error_code: str | None = None  # the ErrorCode name of an ERROR that ended it
     resumes: int = 0  # times resumed after the router was lost (client.py)
     _resumed_at: tuple[int, float] | None = None  # (first position, when) of a resume
     token_bytes: int = 0
@@ -130,6 +131,8 @@ class RequestTrace:
         elif isinstance(msg, Done):
             self.done = self.done or self.failure is None
         elif isinstance(msg, Error):
+            if not self.terminal:
+                self.error_code = msg.code.name
             self.fail(msg.reason)
         elif isinstance(msg, Report):
             self.on_report(msg)

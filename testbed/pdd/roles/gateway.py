@@ -16,8 +16,12 @@ serves, on aiohttp:
 
 Errors are OpenAI-style bodies (``testbed.errors.ApiError``): 400 for a bad
 body, 404 for an unknown model or path, 405, 413 for a body over 4 MiB,
-503 when the router is unreachable or a role failed before the first token,
-504 on the request timeout. A failure after the first streamed token is a
+429 with ``Retry-After`` when ``client.max_open_requests`` requests are open
+(answered at once, before the router sees it: admission, so a flood queues
+nowhere) or a role refused it as overloaded (ERROR OVERLOADED) before its
+first token, 503 when the router is unreachable or a role failed before the
+first token, 504 on the request timeout. A refused request is recorded too
+(``failed``, its reason, ``gateway.http_status`` 429). A failure after the first streamed token is a
 ``data: {"error": ...}`` event and the stream ends without ``[DONE]``.
 The HTTP headers of a stream are sent with its first token, so a failure
 before it still gets its status code.
@@ -39,6 +43,7 @@ import argparse
 import asyncio
 import json
 import logging
+import math
 import signal
 import sys
 import time
@@ -86,7 +91,7 @@ async def _errors(request: web.Request, handler):
     try:
         return await handler(request)
     except ApiError as err:
-        return web.json_response(err.body(), status=err.status)
+        return web.json_response(err.body(), status=err.status, headers=err.headers)
     except web.HTTPException as err:
         if err.status < 400:
             raise
@@ -105,6 +110,7 @@ class Gateway:
                                  int(time.time()))
         self._tok = tokenizer
         self._pieces = decode_one_each(tokenizer, range(cfg.model.vocab_size))
+        self.max_open = cfg.client.max_open_requests or cfg.limits.max_requests
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[_errors], client_max_size=MAX_BODY_BYTES)
@@ -137,11 +143,21 @@ class Gateway:
         except SpecError as err:
             raise ApiError(400, f"the request body is not valid JSON ({err})") from None
 
+    def _overloaded(self, why: str) -> ApiError:
+        retry = self.cfg.client.retry_after_s
+        return ApiError(429, f"overloaded: {why}; retry after {retry:g} s", type="server_error",
+                        code="overloaded", headers={"Retry-After": f"{math.ceil(retry):d}"})
+
     async def _generate(self, request: web.Request, parse, what: str) -> web.StreamResponse:
         t_received = time.monotonic()
         gen = parse(await self._body(request), self.served, lambda t: encode(self._tok, t))
         info = {"api": what, "stream": gen.stream, "ttft_http_s": None, "http_status": None,
                 "x_request_id": request_id(request)}
+        if (n := self.link.open_requests) >= self.max_open:
+            why = f"{n} requests open (client.max_open_requests {self.max_open})"
+            self.link.refuse(gen.prompt_ids, gen.max_tokens, gen.session, dict(
+                info, http_status=429), t_received, f"refused by the gateway: {why}")
+            raise self._overloaded(why)
         live = await self.link.open(gen.prompt_ids, gen.max_tokens, gen.session, info,
                                     t_received)
         info = live.info
@@ -163,6 +179,8 @@ class Gateway:
         """Why ``live`` ended without all its tokens, as an HTTP error; None if it did not."""
         tr = live.trace
         if tr.failure is not None:
+            if tr.error_code == "OVERLOADED" and live.next_pos == 0:
+                return self._overloaded(f"the roles refused it: {tr.failure}")
             if tr.failure.startswith("timeout"):
                 return ApiError(504, f"request timed out: {tr.failure}", type="server_error",
                                 code="timeout")

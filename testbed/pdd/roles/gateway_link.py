@@ -93,6 +93,24 @@ class RouterLink:
             self._conn = conn
             self._reader = asyncio.get_running_loop().create_task(self._read(conn))
 
+    @property
+    def open_requests(self) -> int:
+        """Requests sent to the router that have not ended."""
+        return sum(1 for live in self.live.values() if not live.over)
+
+    def refuse(self, prompt: tuple[int, ...], max_out: int, session, info: dict,
+               t_received: float, reason: str) -> None:
+        """Record a request the gateway answered without sending it (429): failed, with
+        ``reason``."""
+        seq = next(self._ids)
+        req = ClientRequest(seq, round(t_received - self._t0, 6), prompt, max_out, session)
+        trace = RequestTrace(req, t_sent=time.monotonic())
+        trace.fail(reason)
+        rec = trace.record(self.cfg.mode.value, self.cfg.relay.handoff_mode.value)
+        rec["gateway"] = dict(info, id=f"cmpl-{seq}")
+        self._out.write(json.dumps(rec, separators=(",", ":")) + "\n")
+        self._out.flush()
+
     async def open(self, prompt: tuple[int, ...], max_out: int, session, info: dict,
                    t_received: float) -> Live:
         """Send one REQUEST; the returned Live collects what comes back."""

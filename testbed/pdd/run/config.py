@@ -200,6 +200,12 @@ class ClientConfig:
                                   lo=0.0)
     report_grace_s: float = _f(2.0, "after the last request ends, wait this long for REPORTs",
                                lo=0.0)
+    max_open_requests: int = _f(0, "the OpenAI gateway: requests it keeps open at once (sent "
+                                "to the router, not ended); one beyond is answered 429 with "
+                                "Retry-After before it reaches the router. 0: auto, the "
+                                "router's limits.max_requests (beyond which the router "
+                                "refuses anyway)", lo=0)
+    retry_after_s: float = _f(1.0, "the OpenAI gateway: the Retry-After of a 429", lo=0.0)
 
 
 @dataclass(frozen=True)
