@@ -28,7 +28,7 @@ MAY_IMPORT = {
     "workload": {"errors", "strict", "reader"},
     "net": {"errors", "histogram", "linkmath", "impairment", "readyline", "spec"},
     "pdd": {"errors", "types", "decision", "histogram", "impairment", "readyline", "strict"},
-    "bench": {"errors", "types", "impairment", "net", "spec", "workload", "pdd"},
+    "bench": {"errors", "types", "histogram", "impairment", "net", "spec", "workload", "pdd"},
     "scenario": {"errors", "types", "strict", "readyline", "impairment", "spec", "workload", "net",
                  "pdd", "report"},
     "report": {"errors", "types", "decision", "histogram"},

@@ -20,8 +20,10 @@ body, 404 for an unknown model or path, 405, 413 for a body over 4 MiB,
 (answered at once, before the router sees it: admission, so a flood queues
 nowhere) or a role refused it as overloaded (ERROR OVERLOADED) before its
 first token, 503 when the router is unreachable or a role failed before the
-first token, 504 on the request timeout. A refused request is recorded too
-(``failed``, its reason, ``gateway.http_status`` 429). A failure after the first streamed token is a
+first token, 504 on the request timeout. A request refused by the limit is
+answered before its body is read (a flood of them costs the gateway little)
+and recorded too (``failed``, its reason, ``gateway.http_status`` 429, no
+prompt: it was never read). A failure after the first streamed token is a
 ``data: {"error": ...}`` event and the stream ends without ``[DONE]``.
 The HTTP headers of a stream are sent with its first token, so a failure
 before it still gets its status code.
@@ -150,14 +152,16 @@ class Gateway:
 
     async def _generate(self, request: web.Request, parse, what: str) -> web.StreamResponse:
         t_received = time.monotonic()
+        if (n := self.link.open_requests) >= self.max_open:  # before the body: a flood of
+            why = f"{n} requests open (client.max_open_requests {self.max_open})"  # refusals
+            self.link.refuse((), 0, None, {"api": what, "stream": None, "ttft_http_s": None,
+                                           "http_status": 429,
+                                           "x_request_id": request_id(request)},
+                             t_received, f"refused by the gateway: {why}")  # costs little
+            raise self._overloaded(why)
         gen = parse(await self._body(request), self.served, lambda t: encode(self._tok, t))
         info = {"api": what, "stream": gen.stream, "ttft_http_s": None, "http_status": None,
                 "x_request_id": request_id(request)}
-        if (n := self.link.open_requests) >= self.max_open:
-            why = f"{n} requests open (client.max_open_requests {self.max_open})"
-            self.link.refuse(gen.prompt_ids, gen.max_tokens, gen.session, dict(
-                info, http_status=429), t_received, f"refused by the gateway: {why}")
-            raise self._overloaded(why)
         live = await self.link.open(gen.prompt_ids, gen.max_tokens, gen.session, info,
                                     t_received)
         info = live.info

@@ -75,6 +75,7 @@ class RouterLink:
         self._rids = itertools.count(1)
         self._ids = itertools.count(0)  # the record's id (the HTTP response's cmpl-N)
         self.live: dict[int, Live] = {}
+        self.open_requests = 0  # opened and not yet finished by the HTTP side
         self._recording: dict[int, asyncio.Task] = {}
         self._t0 = time.monotonic()
 
@@ -92,11 +93,6 @@ class RouterLink:
             await conn.send(Frame(0, Hello(Role.CLIENT, self.name, {"api": "openai"})))
             self._conn = conn
             self._reader = asyncio.get_running_loop().create_task(self._read(conn))
-
-    @property
-    def open_requests(self) -> int:
-        """Requests sent to the router that have not ended."""
-        return sum(1 for live in self.live.values() if not live.over)
 
     def refuse(self, prompt: tuple[int, ...], max_out: int, session, info: dict,
                t_received: float, reason: str) -> None:
@@ -124,6 +120,7 @@ class RouterLink:
         req = ClientRequest(seq, round(t_received - self._t0, 6), prompt, max_out, session)
         live = Live(rid, RequestTrace(req), dict(info, id=f"cmpl-{seq}"), t_received)
         self.live[rid] = live
+        self.open_requests += 1
         live.trace.t_sent = time.monotonic()
         conn = self._conn
         try:
@@ -169,6 +166,7 @@ class RouterLink:
     def finish(self, live: Live, reason: str = "client disconnected") -> None:
         """The HTTP side is done with ``live``: CANCEL it if still open, then record it
         once its REPORTs are in."""
+        self.open_requests -= 1
         self.abandon(live, reason)
         task = asyncio.get_running_loop().create_task(self._record_when_reported(live))
         self._recording[live.rid] = task

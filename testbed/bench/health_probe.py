@@ -1,0 +1,130 @@
+"""Watch a live deployment while a load runs: the gateway's /health latency and every
+role process's memory.
+
+``python -m testbed.bench.health_probe BASE_URL OUT.jsonl [--interval-s 0.1]`` asks
+``BASE_URL/health`` every ``interval_s`` (one request at a time, 5 s timeout) and
+reads the resident memory (VmRSS) of every process whose command line runs a testbed
+role or the gateway (``testbed.pdd.run.node CONFIG NAME``, ``testbed.pdd.roles.gateway
+CONFIG NAME``: keyed by NAME, the gateway as ``gateway``); each sample is one JSON line
+``{"t", "health_ms", "status", "rss_mb": {name: MB}}``. On SIGTERM or SIGINT it stops
+and prints a summary (JSON): samples, health latency p50/p99/max and how many answers
+were not 200 or took over 100 ms, each process's peak RSS and its RSS slope (MB per
+minute, least squares). Run it beside a benchmark client inside a ``testbed serve``
+(docs/robustness.md, "Overload"):
+
+    testbed serve topologies/two-dc.yaml --mode pdd --out runs/overload -- sh -c \\
+      '.venv/bin/python -m testbed.bench.health_probe {url} {out}/health.jsonl & \\
+       .venv-bench/bin/aiperf profile ...; rc=$?; kill $!; wait; exit $rc'
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from testbed.histogram import percentile
+
+_MODULES = {"testbed.pdd.run.node": None, "testbed.pdd.roles.gateway": "gateway"}
+
+
+def role_processes() -> dict[str, int]:
+    """Every testbed role or gateway process on this machine: its instance name -> pid."""
+    out = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        args = [a.decode(errors="replace") for a in argv if a]
+        for module, fixed in _MODULES.items():
+            if module in args:
+                i = args.index(module)
+                name = fixed or (args[i + 2] if len(args) > i + 2 else f"pid{pid}")
+                out[name] = int(pid)
+    return out
+
+
+def rss_mb(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        return None
+    return None
+
+
+def probe_health(url: str) -> tuple[float, int | str]:
+    t = time.monotonic()
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            status: int | str = resp.status
+    except urllib.error.HTTPError as err:
+        status = err.code
+    except (OSError, ValueError) as err:
+        status = type(err).__name__
+    return round((time.monotonic() - t) * 1e3, 2), status
+
+
+def slope_per_min(points: list[tuple[float, float]]) -> float | None:
+    """Least-squares slope of (t seconds, value) in value per minute."""
+    if len(points) < 2:
+        return None
+    n = len(points)
+    mt, mv = sum(t for t, _ in points) / n, sum(v for _, v in points) / n
+    den = sum((t - mt) ** 2 for t, _ in points)
+    return None if den == 0 else round(60 * sum((t - mt) * (v - mv) for t, v in points) / den, 3)
+
+
+def summarize(samples: list[dict]) -> dict:
+    lat = [s["health_ms"] for s in samples]
+    series: dict[str, list[tuple[float, float]]] = {}
+    for s in samples:
+        for name, mb in s["rss_mb"].items():
+            if mb is not None:
+                series.setdefault(name, []).append((s["t"], mb))
+    return {"samples": len(samples),
+            "health_ms": {"p50": percentile(lat, 50), "p99": percentile(lat, 99),
+                          "max": max(lat, default=None)},
+            "health_not_200": sum(1 for s in samples if s["status"] != 200),
+            "health_over_100ms": sum(1 for x in lat if x > 100),
+            "rss_peak_mb": {n: max(v for _, v in pts) for n, pts in sorted(series.items())},
+            "rss_slope_mb_per_min": {n: slope_per_min(pts) for n, pts in sorted(series.items())}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m testbed.bench.health_probe",
+                                 description=__doc__.splitlines()[0])
+    ap.add_argument("base_url", help="the gateway's base URL, e.g. http://10.0.0.1:8000")
+    ap.add_argument("out", help="JSONL file of samples")
+    ap.add_argument("--interval-s", type=float, default=0.1)
+    args = ap.parse_args(argv)
+    stop = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.append(True))
+    url, samples, t0 = args.base_url.rstrip("/") + "/health", [], time.monotonic()
+    procs, procs_at = role_processes(), time.monotonic()
+    with open(args.out, "w") as out:
+        while not stop:
+            if time.monotonic() - procs_at > 5:  # a restarted role has a new pid
+                procs, procs_at = role_processes(), time.monotonic()
+            ms, status = probe_health(url)
+            s = {"t": round(time.monotonic() - t0, 3), "health_ms": ms, "status": status,
+                 "rss_mb": {n: rss_mb(pid) for n, pid in sorted(procs.items())}}
+            samples.append(s)
+            out.write(json.dumps(s) + "\n")
+            out.flush()
+            time.sleep(max(0.0, args.interval_s - ms / 1e3))
+    print(json.dumps(summarize(samples), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
