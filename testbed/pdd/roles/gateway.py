@@ -55,6 +55,7 @@ from aiohttp import web
 from testbed.errors import ApiError, SpecError, TestbedError
 from testbed.pdd.roles import openai_api as api
 from testbed.pdd.run.config import ClusterConfig, load_config
+from testbed.pdd.run.sched import prefer_latency
 from testbed.pdd.roles.gateway_link import Live, RouterLink
 from testbed.pdd.compute.text import TOKENIZER_DIR, decode_one_each, encode, load_tokenizer
 from testbed.pdd.wire.transport import ConnectionClosed, TcpTransport
@@ -292,6 +293,9 @@ def main(argv: list[str] | None = None) -> int:
     except (TestbedError, KeyError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    # the client role's scheduling hints (a short slice, nice -10: testbed/pdd/run/sched.py),
+    # so that a benchmark client on the same cores does not starve the gateway's one loop
+    prefer_latency(Role.CLIENT)
     try:
         asyncio.run(serve(cfg, args.name, args.host or inst.host, args.port, args.out,
                           args.tokenizer, args.model_name))
