@@ -71,11 +71,10 @@ class TriggeredFaults:
         counted from ``t0`` (the workload start), as the timeline wants them."""
         if not self.waiting:
             return []
-        out, still = [], []
+        out = []
         for ev in self.tail.read():
-            for entry in self.waiting:
-                fault, counter, acts = entry
-                if entry in still or not counter.feed(ev):
+            for fault, counter, acts in self.waiting:
+                if not counter.feed(ev):  # False once fired: each fires once
                     continue
                 shift = ev["t"] - t0
                 if self.events is not None:
@@ -85,8 +84,7 @@ class TriggeredFaults:
                                        rid=ev.get("rid"), t_event=ev["t"],
                                        at_s=round(shift + fault.at_s, 6))
                 out += [dataclasses.replace(a, at_s=a.at_s + shift) for a in acts]
-                still.append(entry)
-        self.waiting = [e for e in self.waiting if e not in still]
+        self.waiting = [w for w in self.waiting if w[1].fired is None]
         return out
 
     def untriggered(self) -> None:

@@ -102,10 +102,7 @@ class RouterLink:
         req = ClientRequest(seq, round(t_received - self._t0, 6), prompt, max_out, session)
         trace = RequestTrace(req, t_sent=time.monotonic())
         trace.fail(reason)
-        rec = trace.record(self.cfg.mode.value, self.cfg.relay.handoff_mode.value)
-        rec["gateway"] = dict(info, id=f"cmpl-{seq}")
-        self._out.write(json.dumps(rec, separators=(",", ":")) + "\n")
-        self._out.flush()
+        self._append(trace, dict(info, id=f"cmpl-{seq}"))
 
     async def open(self, prompt: tuple[int, ...], max_out: int, session, info: dict,
                    t_received: float) -> Live:
@@ -190,8 +187,12 @@ class RouterLink:
         if self.live.pop(live.rid, None) is None:
             return  # already written
         self._recording.pop(live.rid, None)
-        rec = live.trace.record(self.cfg.mode.value, self.cfg.relay.handoff_mode.value)
-        rec["gateway"] = live.info
+        self._append(live.trace, live.info)
+
+    def _append(self, trace: RequestTrace, info: dict) -> None:
+        """One line of the records file: the request's record with the gateway's info."""
+        rec = trace.record(self.cfg.mode.value, self.cfg.relay.handoff_mode.value)
+        rec["gateway"] = info
         self._out.write(json.dumps(rec, separators=(",", ":")) + "\n")
         self._out.flush()
 

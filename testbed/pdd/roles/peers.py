@@ -43,8 +43,8 @@ from testbed.errors import ProtocolError
 from testbed.types import PROTOCOL_EVENTS
 from testbed.pdd.run.config import ClusterConfig, Instance
 from testbed.pdd.compute.engine import ModelConfig
-from testbed.pdd.wire.protocol import (Cancel, Error, ErrorCode, Frame, Hello, Message, MsgType, Report,
-                                  Request, Role, frame_size)
+from testbed.pdd.wire.protocol import (Cancel, Error, ErrorCode, Frame, Hello, Message, MsgType,
+                                  Report, Request, Role, frame_size)
 from testbed.pdd.wire.transport import Connection, ConnectionClosed, Listener, Transport
 
 log = logging.getLogger(__name__)
