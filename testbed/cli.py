@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from testbed.errors import SpecError, TestbedError
 
 DEFAULT_TOPOLOGY = "topologies/two-dc.yaml"
+SOAK_SCENARIO = "scenarios/soak/mooncake-soak.yaml"
 DEFAULT_IMAGE = "localhost/pdd-testbed:0.1.0"  # testbed.export.build.DEFAULT_IMAGE
 DEFAULT_DC_NODE_LABEL = "pdd-testbed/datacenter"
 
@@ -331,7 +332,40 @@ def cmd_bench_chaos(args) -> int:
     return 1 if out["leftovers_total"] else 0
 
 
+def cmd_bench_soak(args) -> int:
+    """A long run judged on what the role processes hold over time (its scenario's
+    bounds on memory and descriptor slopes); prints each role's figures, writes them to
+    OUT/soak.json beside the run's report."""
+    import time
+    from pathlib import Path
+
+    from testbed.report.summary import exit_code, summary_table
+    from testbed.scenario.runner import RunOptions, run_scenario
+    from testbed.spec.scenario import load_scenario
+
+    sc = load_scenario(args.scenario or str(Path(__file__).resolve().parent.parent / SOAK_SCENARIO))
+    out = Path(args.out) if args.out else Path("runs") / f"soak-{time.strftime('%Y%m%d-%H%M%S')}"
+    opts = RunOptions(out, None, args.scale, None if args.backend == "auto" else args.backend)
+    with out_dir_lock(out, "testbed bench soak"):
+        summary = run_scenario(sc, opts)
+    soak = {"scenario": summary["scenario"], "passed": summary["passed"],
+            "failures": summary["failures"], "fidelity": summary["fidelity"]["verdict"],
+            "resources": summary["resources"]}
+    (out / "soak.json").write_text(json.dumps(soak, indent=1) + "\n")
+    print(summary_table(summary))
+    for mode, res in summary["resources"].items():
+        for name, f in res["instances"].items():
+            print(f"{mode} {name:<8} {f['minutes']:g} min  RSS {f['rss_first_mb']:g} -> "
+                  f"{f['rss_last_mb']:g} MB (peak {f['rss_peak_mb']:g}), "
+                  f"{f['rss_slope_mb_per_min']} MB/min; fds {f['fds_first']} -> {f['fds_last']}, "
+                  f"{f['fd_slope_per_min']}/min")
+    print(f"report: {out / 'report.md'}, {out / 'soak.json'}")
+    return _fidelity_exit(summary, exit_code(summary))
+
+
 def cmd_bench(args) -> int:
+    if args.what == "soak":
+        return cmd_bench_soak(args)
     if args.what == "clients":
         return cmd_bench_clients(args)
     if args.what == "fuzz":
@@ -617,8 +651,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_compare)
     p = sub.add_parser("bench", help="benchmarks: updown (build/teardown), handoff, "
                        "fuzz (input readers, no root), chaos (kill campaign), clients "
-                       "(AIPerf and GuideLLM against serve, per mode)")
-    p.add_argument("what", choices=("updown", "handoff", "fuzz", "chaos", "clients"))
+                       "(AIPerf and GuideLLM against serve, per mode), soak (a 33-minute "
+                       "Mooncake replay judged on the roles' memory and descriptor slopes)")
+    p.add_argument("what", choices=("updown", "handoff", "fuzz", "chaos", "clients", "soak"))
     _net_args(p)
     p.add_argument("--cycles", type=int, default=20)
     p.add_argument("--trials", type=int, default=30)
@@ -626,7 +661,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=1, help="fuzz, chaos: random seed")
     p.add_argument("--out", help="fuzz, chaos: also write the JSON result to this file; "
                    "clients: the folder (a serve run per client run and mode, clients.md, "
-                   "clients.json; default runs/clients-TIME)")
+                   "clients.json; default runs/clients-TIME); soak: the run's folder "
+                   "(default runs/soak-TIME)")
     p.add_argument("--only", action="append", default=[], metavar="RUN",
                    help="clients: only this run (aiperf-synthetic, aiperf-mooncake, "
                    "guidellm-synthetic; repeatable)")
@@ -642,7 +678,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rate", type=float, default=2.0,
                    help="clients: request rate of each synthetic run (req/s)")
     p.add_argument("--scenario", help="chaos: the scenario each cycle runs "
-                   "(default tests/chaos/chaos-tiny.yaml)")
+                   "(default tests/chaos/chaos-tiny.yaml); soak: the scenario "
+                   f"(default {SOAK_SCENARIO})")
     p.add_argument("--window-s", type=float, default=25.0,
                    help="chaos: the kill comes at a uniform moment in [0.5, this] s")
     p.set_defaults(func=cmd_bench)

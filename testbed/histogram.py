@@ -5,6 +5,7 @@ process subtract into the histogram of the window between them) and
 ``quantile_ms`` on its plain-data form. The delay line (its frames'
 lateness) and every role (its event loop's lag) keep one; the report turns
 snapshot differences into p50/p99 of a workload window. Also owns
+``slope_per_min`` (a least-squares trend of a gauge: memory, descriptors) and
 ``percentile``, the one exact percentile of a list of samples (numpy's
 linear method) that the report's metrics and the runner's verification
 use. Imports nothing of the testbed, so every layer may use it.
@@ -120,3 +121,19 @@ def percentile(values, q: float) -> float | None:
     t, a, b = pos - lo, v[lo], v[hi]
     diff = b - a
     return b - diff * (1 - t) if t >= 0.5 else a + diff * t
+
+
+def slope_per_min(points) -> float | None:
+    """Least-squares slope of (t seconds, value) points, in value per minute (rounded
+    to 1e-4); None for fewer than two points or a single time.
+
+    >>> slope_per_min([(0, 10.0), (30, 10.5), (60, 11.0)])
+    1.0
+    """
+    pts = [(float(t), float(v)) for t, v in points]
+    if len(pts) < 2:
+        return None
+    n = len(pts)
+    mt, mv = sum(t for t, _ in pts) / n, sum(v for _, v in pts) / n
+    den = sum((t - mt) ** 2 for t, _ in pts)
+    return None if den == 0 else round(60 * sum((t - mt) * (v - mv) for t, v in pts) / den, 4) + 0.0

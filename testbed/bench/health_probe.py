@@ -29,7 +29,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from testbed.histogram import percentile
+from testbed.histogram import percentile, slope_per_min
+from testbed.pdd.run.probe import rss_mb
 
 _MODULES = {"testbed.pdd.run.node": None, "testbed.pdd.roles.gateway": "gateway"}
 
@@ -51,16 +52,6 @@ def role_processes() -> dict[str, int]:
     return out
 
 
-def rss_mb(pid: int) -> float | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return round(int(line.split()[1]) / 1024, 1)
-    except OSError:
-        return None
-    return None
-
-
 def probe_health(url: str) -> tuple[float, int | str]:
     t = time.monotonic()
     try:
@@ -71,16 +62,6 @@ def probe_health(url: str) -> tuple[float, int | str]:
     except (OSError, ValueError) as err:
         status = type(err).__name__
     return round((time.monotonic() - t) * 1e3, 2), status
-
-
-def slope_per_min(points: list[tuple[float, float]]) -> float | None:
-    """Least-squares slope of (t seconds, value) in value per minute."""
-    if len(points) < 2:
-        return None
-    n = len(points)
-    mt, mv = sum(t for t, _ in points) / n, sum(v for _, v in points) / n
-    den = sum((t - mt) ** 2 for t, _ in points)
-    return None if den == 0 else round(60 * sum((t - mt) * (v - mv) for t, v in points) / den, 3)
 
 
 def summarize(samples: list[dict]) -> dict:

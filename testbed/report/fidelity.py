@@ -410,15 +410,22 @@ def probe_hosts(topology: Mapping) -> tuple[str, str] | None:
     return (a, b) if a and b else None
 
 
+def role_stats(mode_dir: Path) -> dict[str, list[dict]]:
+    """Every role instance's probe snapshots in a mode's folder (``roles/NAME.stats.jsonl``):
+    instance name -> its rows, in file order."""
+    return {p.name[: -len(".stats.jsonl")]: _read_jsonl(p)
+            for p in sorted((mode_dir / "roles").glob("*.stats.jsonl"))}
+
+
 def mode_fidelity(mode_dir: Path, events, links, topology: Mapping, window,
                   path_hosts: tuple[str, str] | None = None) -> dict:
     """One mode's fidelity entry: figures, verdict and reasons."""
     ping = mode_dir / "ping.txt"
     roles = {}
-    for p in sorted((mode_dir / "roles").glob("*.stats.jsonl")):
-        fig = role_figures(_read_jsonl(p), window)
+    for name, rows in role_stats(mode_dir).items():
+        fig = role_figures(rows, window)
         if fig is not None:
-            roles[p.name[: -len(".stats.jsonl")]] = fig
+            roles[name] = fig
     fig = {
         "network": {"delay_lines": delay_line_figures(_read_jsonl(mode_dir / "delaylines.jsonl"),
                                                       window, events),

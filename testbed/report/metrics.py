@@ -71,6 +71,11 @@ Definitions (docs/run-directory.md):
   reversed (``hindsight``: the counts per pipeline, the estimates used, the
   TTFT cost and the worst ten; testbed/report/hindsight.py says how each
   decision is judged). None when no decision was judged (the baselines).
+- ``rss_slope_max_mb_per_min`` / ``fd_slope_max_per_min``: the largest slope
+  of a serving role's resident memory / open descriptors over the second half
+  of the workload window (testbed/report/resources.py; summary.json's
+  ``resources`` has every instance's figures). A leak keeps a slope; a cache
+  that fills and holds does not. None without the roles' stats files.
 - ``wan_kv_share``: the WAN's A->B capacity the mode's KV used: the KV and
   handoff bytes of its requests (records, emulated) over what the WAN's a>b
   shaper allowed during the workload window (links.csv's emulated rate,
@@ -106,7 +111,8 @@ MODE_KEYS = ("requests_total", "requests_completed", "requests_failed",
              "after_prefill_p50_s", "after_prefill_p90_s", "wan_bytes", "intra_dc_bytes", "rld_token_share", "relayed_share",
              "kv_prediction_error_p50", "kv_prediction_error_p90",
              "wan_rate_max_over_shaper", "p_hit_rate_mean", "md_hit_rate_mean", "drc_hit_gap",
-             "wan_kv_share", "decision_regret_share", "hindsight", "emulated")
+             "wan_kv_share", "decision_regret_share",
+             "rss_slope_max_mb_per_min", "fd_slope_max_per_min", "hindsight", "emulated")
 EMULATED_KEYS = ("wan_bytes", "intra_dc_bytes")
 # Every name an expectation or a comparison may use.
 MODE_METRICS = tuple(k for k in MODE_KEYS if k not in ("emulated", "hindsight")) + tuple(
@@ -333,9 +339,11 @@ def wan_kv_share(wan_bytes: int, links: Sequence[LinkSample],
 
 def mode_metrics(records: Sequence[Mapping], events: Sequence[Mapping], sla: Sla,
                  scale: float, links: Sequence[LinkSample] = (),
-                 relay_threshold_s: float = PDD_DEFAULTS.relay_threshold_s) -> dict:
+                 relay_threshold_s: float = PDD_DEFAULTS.relay_threshold_s,
+                 resources: Mapping | None = None) -> dict:
     """One mode's entry of summary.json, keys in contract order (``relay_threshold_s``:
-    the mode's, for the decisions judged in hindsight)."""
+    the mode's, for the decisions judged in hindsight; ``resources``: the mode's
+    ``testbed.report.resources.mode_resources``, whose two slope bounds it carries)."""
     done = completed(records)
     judged = hindsight(records, relay_threshold_s)
     ttft = [r.get("ttft_s") for r in done]
@@ -371,6 +379,8 @@ def mode_metrics(records: Sequence[Mapping], events: Sequence[Mapping], sla: Sla
         **hit_rates(records),
         "wan_kv_share": wan_kv_share(emulated["wan_bytes"], links, window),
         "decision_regret_share": judged["decision_regret_share"],
+        "rss_slope_max_mb_per_min": (resources or {}).get("rss_slope_max_mb_per_min"),
+        "fd_slope_max_per_min": (resources or {}).get("fd_slope_max_per_min"),
         "hindsight": judged,
         "emulated": emulated,
     }

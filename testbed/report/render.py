@@ -221,6 +221,45 @@ def _fidelity(fid: Mapping) -> list[str]:
     return out + [""]
 
 
+def _num(v: object, spec: str = ".2f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def _lags(lags: Sequence) -> str:
+    """A minute-by-minute list of loop-lag p99s, shortened to first, middle and last."""
+    if not lags:
+        return "-"
+    shown = lags if len(lags) <= 3 else [lags[0], lags[len(lags) // 2], lags[-1]]
+    return " / ".join(_ms(x) for x in shown) + (f" ({len(lags)} min)" if len(lags) > 3 else "")
+
+
+def _resources(summary: dict) -> list[str]:
+    """Each role process's memory, descriptors and loop lag over the workload
+    (testbed/report/resources.py); nothing when the roles' stats carry no gauges."""
+    modes = {n: r for n, r in (summary.get("resources") or {}).items() if r.get("instances")}
+    if not modes:
+        return []
+    out = ["## Resources", "",
+           "Each role's last process over the workload window: resident memory and open "
+           "descriptors (first, last, peak) and their least-squares slopes over the "
+           "window's second half (a leak keeps a slope; a cache that fills and holds does "
+           "not), and its event loop's lag p99 by minute (first / middle / last). The "
+           "client generates the load and keeps every record: shown, not judged "
+           "(testbed/report/resources.py).", "",
+           "| mode | instance | min | RSS MB first / last / peak | RSS MB/min | fds first / "
+           "last / peak | fds/min | loop lag p99 ms by minute |",
+           "|---|---|---:|---|---:|---|---:|---|"]
+    for mode, res in modes.items():
+        for name, f in res["instances"].items():
+            restarts = f" ({f['processes']} processes)" if f["processes"] > 1 else ""
+            out.append(f"| {mode} | {name} ({f['role']}){restarts} | {f['minutes']:g} | "
+                       f"{f['rss_first_mb']:g} / {f['rss_last_mb']:g} / {f['rss_peak_mb']:g} | "
+                       f"{_num(f['rss_slope_mb_per_min'], '.3f')} | {f['fds_first']} / "
+                       f"{f['fds_last']} / {f['fds_peak']} | {_num(f['fd_slope_per_min'], '.3f')}"
+                       f" | {_lags(f['loop_lag_p99_ms_by_min'])} |")
+    return out + [""]
+
+
 def _hindsight(summary: dict) -> list[str]:
     """Per mode whose decisions were judged: the counts, and its worst ten reversals."""
     judged = {n: m["hindsight"] for n, m in summary["modes"].items()
@@ -336,7 +375,8 @@ def render(run: RunData, summary: dict, plots: Sequence[Plot],
             f"{' (strict)' if fid.get('policy') == 'strict' else ''}. Baseline for comparisons: "
             f"`{baseline_of(run)}`. Machine-readable figures: [summary.json](summary.json).", ""]
     lines = (head + _what_ran(run) + _metrics_table(run, summary) + _comparisons(summary)
-             + _expectations(summary) + _fidelity(fid) + _hindsight(summary)
+             + _expectations(summary) + _fidelity(fid) + _resources(summary)
+             + _hindsight(summary)
              + _versus_paper(run, summary)
              + _captures(captures or {}) + _plots(plots))
     return "\n".join(lines).rstrip() + "\n"

@@ -22,6 +22,7 @@ import json
 
 from testbed.report import fidelity
 from testbed.report.expectations import evaluate
+from testbed.report.resources import mode_resources
 from testbed.report.metrics import (DEFAULT_COMPARED, PAIRED_METRICS, Sla, compare,
                                     mode_metrics, paired_metrics, workload_window)
 from testbed.report.rundir import RunData
@@ -89,9 +90,11 @@ def verification(run: RunData, mode: str) -> dict:
 def summarize(run: RunData) -> dict:
     """The summary.json object of a run (raises ExpectationError for a broken expectation)."""
     sla = Sla.from_resolved(run.resolved)
+    resources = resources_of(run)
     modes = {m.name: mode_metrics(m.requests, m.events, sla, run.scale, m.links,
                                   float(run.pdd_settings(m.name).get(
-                                      "relay_threshold_s", PDD_DEFAULTS.relay_threshold_s)))
+                                      "relay_threshold_s", PDD_DEFAULTS.relay_threshold_s)),
+                                  resources[m.name])
              for m in run.modes}
     for name, m in modes.items():  # nominal bytes are counts
         m["wan_bytes"], m["intra_dc_bytes"] = round(m["wan_bytes"]), round(m["intra_dc_bytes"])
@@ -118,7 +121,16 @@ def summarize(run: RunData) -> dict:
         and not untriggered,
         "failures": failures(modes, results) + untriggered,
         "fidelity": fid,
+        "resources": resources,
     }
+
+
+def resources_of(run: RunData) -> dict:
+    """summary.json's ``resources``: per mode, what each role process held over the
+    workload window (testbed.report.resources)."""
+    return {m.name: mode_resources(fidelity.role_stats(run.path / m.name),
+                                   workload_window(m.events, m.requests))
+            for m in run.modes}
 
 
 def fidelity_of(run: RunData) -> dict:

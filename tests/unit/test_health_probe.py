@@ -11,13 +11,7 @@ import time
 
 import pytest
 
-from testbed.bench.health_probe import probe_health, role_processes, rss_mb, slope_per_min, \
-    summarize
-
-
-def test_the_slope_is_least_squares_per_minute():
-    assert slope_per_min([(0, 100), (30, 110), (60, 120)]) == pytest.approx(20.0)
-    assert slope_per_min([(0, 5)]) is None and slope_per_min([(1, 5), (1, 6)]) is None
+from testbed.bench.health_probe import probe_health, role_processes, rss_mb, summarize
 
 
 def test_the_summary_counts_slow_and_failed_answers_and_peaks():

@@ -69,3 +69,11 @@ def test_percentile_is_numpys_to_the_last_bit():
     assert percentile([None], 50) is None
     with pytest.raises(ValueError, match="0..100"):
         percentile([1.0], 101)
+
+
+def test_the_slope_is_least_squares_per_minute():
+    from testbed.histogram import slope_per_min
+    assert slope_per_min([(0, 100), (30, 110), (60, 120)]) == pytest.approx(20.0)
+    # the fit, not the last minus the first over the span (which reads 0.667)
+    assert slope_per_min([(0, 10), (60, 12), (120, 10), (180, 12)]) == pytest.approx(0.4)
+    assert slope_per_min([(0, 5)]) is None and slope_per_min([(1, 5), (1, 6)]) is None

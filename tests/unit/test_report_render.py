@@ -19,7 +19,7 @@ from testbed.report.rundir import ReportError, load_run
 
 CANNED = Path(__file__).parent / "fixtures" / "run-canned"
 TOP_KEYS = ["scenario", "backend", "scale", "modes", "comparisons", "paired", "expectations",
-            "passed", "failures", "fidelity"]
+            "passed", "failures", "fidelity", "resources"]
 MODE_KEYS = ["requests_total", "requests_completed", "requests_failed", "tokens_lost",
              "tokens_duplicated", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "ttft_mean_s", "ttft_high_hit_p50_s",
              "tpot_p50_ms", "e2e_p99_s", "goodput_rps", "handoff_stall_p99_ms", "relay_overhead_p50_ms",
@@ -28,7 +28,7 @@ MODE_KEYS = ["requests_total", "requests_completed", "requests_failed", "tokens_
              "rld_token_share", "relayed_share", "kv_prediction_error_p50",
              "kv_prediction_error_p90", "wan_rate_max_over_shaper", "p_hit_rate_mean",
              "md_hit_rate_mean", "drc_hit_gap", "wan_kv_share", "decision_regret_share",
-             "hindsight", "emulated"]
+             "rss_slope_max_mb_per_min", "fd_slope_max_per_min", "hindsight", "emulated"]
 COMPARISON_KEYS = ["metric", "mode", "baseline", "value", "baseline_value", "ratio", "change_pct"]
 PNGS = ["ttft_cdf.png", "wan_throughput.png", "relay_timeline.png", "hit_rates.png"]
 INPUTS = ["metadata.json"] + [f"{m}/{f}" for m in ("pdd", "cross-dc-pd")

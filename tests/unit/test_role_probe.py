@@ -73,3 +73,28 @@ def test_garbage_collector_pauses_are_counted_while_the_probe_runs(tmp_path):
     last = [json.loads(x) for x in path.read_text().splitlines()][-1]
     assert last["gc_pause"]["n"] >= 2  # the two full ones, and the automatic ones the lists made
     assert last["gc_pause"]["sum_ms"] > 0
+
+
+def test_each_snapshot_carries_the_processs_memory_and_open_descriptors(tmp_path):
+    import os
+    path = tmp_path / "p1.stats.jsonl"
+    held = []
+
+    async def main():
+        probe = RoleProbe(path, "p1", "prefill")
+        probe.start()
+        await asyncio.sleep(0.01)
+        probe.write()
+        held.extend(os.open(os.devnull, os.O_RDONLY) for _ in range(40))
+        held.append(b"\x01" * (64 << 20))  # 64 MB written: resident
+        await probe.stop()
+
+    try:
+        asyncio.run(main())
+    finally:
+        for fd in held[:40]:
+            os.close(fd)
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    before, after = lines[-2], lines[-1]
+    assert after["fds"] - before["fds"] == 40
+    assert 60 <= after["rss_mb"] - before["rss_mb"] <= 70

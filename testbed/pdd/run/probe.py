@@ -10,7 +10,8 @@ the stats file every ``WRITE_EVERY_S`` and once more at stop::
      "pacer": {"n_steps", "n_overruns", "overrun_s", "modeled_s"},   # null for router, client
      "loop_lag": {histogram: testbed.histogram},
      "gc_pause": {histogram},       # the cyclic garbage collector's pauses, any generation
-     "sched": {"slice_ns", "nice", "refused"}}   # testbed.pdd.run.sched's hints (or null)
+     "sched": {"slice_ns", "nice", "refused"},   # testbed.pdd.run.sched's hints (or null)
+     "rss_mb": float, "fds": int}   # resident memory (VmRSS) and open descriptors, now
 
 A collection stops the whole process, loop included, for as long as it takes
 to traverse the live containers, so a role holding many requests' token lists
@@ -18,7 +19,10 @@ can lag by its gc pauses alone: ``gc_pause`` says how much of the lag they are.
 
 The counters are cumulative per process (a restarted instance appends with
 a new pid and starts from zero), so the report takes the difference of the
-snapshots around its workload window (testbed/report/fidelity.py). The file
+snapshots around its workload window (testbed/report/fidelity.py); ``rss_mb``
+and ``fds`` are gauges, read from /proc/self at each write, whose series over
+a run give its memory and descriptor slopes (testbed/report/resources.py: a
+leak shows as a slope that does not flatten). The file
 is written by the role itself; the runner only names it (``--stats``).
 
 Example::
@@ -70,7 +74,8 @@ class RoleProbe:
             "overrun_s": round(st.overrun_s, 6), "modeled_s": round(st.modeled_s, 6)}
         return {"t_mono": round(self._clock(), 4), "pid": os.getpid(), "name": self.name,
                 "role": self.role, "pacer": pacer, "loop_lag": self.lag.to_dict(),
-                "gc_pause": self.gc_pause.to_dict(), "sched": self.sched}
+                "gc_pause": self.gc_pause.to_dict(), "sched": self.sched,
+                "rss_mb": rss_mb(), "fds": open_fds()}
 
     def write(self) -> None:
         with self.path.open("a") as fh:
@@ -106,6 +111,26 @@ class RoleProbe:
         if self._on_gc in gc.callbacks:
             gc.callbacks.remove(self._on_gc)
         self.write()
+
+
+def rss_mb(pid: int | str = "self") -> float | None:
+    """A process's resident memory (VmRSS) in MB; None when /proc does not say."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("VmRSS:"):
+                    return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        return None
+    return None
+
+
+def open_fds(pid: int | str = "self") -> int | None:
+    """How many file descriptors a process holds open; None when /proc does not say."""
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return None
 
 
 def pacer_of(node: object) -> AsyncPacer | None:
