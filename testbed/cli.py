@@ -327,9 +327,9 @@ def cmd_bench_chaos(args) -> int:
         from testbed.spec.scenario import load_scenario
 
         load_scenario(args.scenario)  # a bad file: exit 2 before anything starts
-    out = run_chaos(args.cycles, args.seed, args.scenario, args.window_s)
+    out = run_chaos(args.cycles, args.seed, args.scenario, args.window_s, kill=args.kill)
     _print_json(out, args.out)
-    return 1 if out["leftovers_total"] else 0
+    return 1 if out["leftovers_total"] or out["outcome_problems_total"] else 0
 
 
 def cmd_bench_soak(args) -> int:
@@ -682,6 +682,10 @@ def build_parser() -> argparse.ArgumentParser:
                    f"(default {SOAK_SCENARIO})")
     p.add_argument("--window-s", type=float, default=25.0,
                    help="chaos: the kill comes at a uniform moment in [0.5, this] s")
+    p.add_argument("--kill", default="alternate", choices=("alternate", "runner", "role",
+                   "prefill", "relay_decode", "main_decode", "router"),
+                   help="chaos: what each cycle kills (alternate: the runner in even cycles, "
+                   "a random role in odd ones)")
     p.set_defaults(func=cmd_bench)
     p = sub.add_parser("shell", help="Mininet CLI on the emulated network")
     _net_args(p)

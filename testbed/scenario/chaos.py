@@ -6,7 +6,8 @@ state folder), starts ``testbed run`` on a short scenario
 (tests/chaos/chaos-tiny.yaml by default), SIGKILLs at a seeded random moment
 either the runner (even cycles) or one of its role processes picked at
 random (odd cycles; the role is found in the run's state file, at the first
-moment after the drawn one that the run has roles), waits for
+moment after the drawn one that the run has roles; ``kill`` narrows the
+target: ``runner``, ``role``, or one role such as ``router``), waits for
 the runner to end, runs ``testbed clean``, snapshots again and reports
 everything the cycle left (``leftovers``): every interface, namespace and
 state entry that is new by exact name, and every new process that belongs
@@ -14,9 +15,19 @@ to the cycle (its command line names the cycle's run folder, or it sits in
 a network namespace the cycle made). Nothing is removed here: a leftover
 stays for the operator to see (``testbed clean`` is what must remove it).
 
+A role kill lets the runner go on, so each such cycle also judges what the
+run delivered (``judge_outcome``): the runner ended by itself with its
+report (exit 0 or 1 and summary.json), every request of the workload has a
+record, every request that did not complete says why, and no token reached
+the client twice. A killed role is not restarted, so requests may fail
+(P lost before their first token; the router gone past their timeout):
+failing with a reason is an outcome, losing a request or a token's
+uniqueness is not. ``outcome_problems`` lists what broke that.
+
 Needs root (the runner builds the network). Result (JSON): seed, cycles,
 scenario, one entry per cycle (what was killed, when, exit codes, its
-leftovers) and ``leftovers_total``.
+leftovers, the outcome of a role kill) and ``leftovers_total``,
+``outcome_problems_total``.
 """
 
 from __future__ import annotations
@@ -36,6 +47,7 @@ from testbed.net import naming
 
 DEFAULT_SCENARIO = Path(__file__).resolve().parents[2] / "tests" / "chaos" / "chaos-tiny.yaml"
 ROLE_WHATS = ("prefill ", "relay_decode ", "main_decode ", "router ")
+KILL_TARGETS = ("alternate", "runner", "role") + tuple(w.strip() for w in ROLE_WHATS)
 
 
 @dataclass(frozen=True)
@@ -142,22 +154,87 @@ def _testbed_argv() -> list[str]:
     return [sys.executable, "-c", "import sys; from testbed.cli import main; sys.exit(main())"]
 
 
+def _jsonl(path: Path) -> list[dict]:
+    """The complete JSON lines of a file ([] if absent; a cut last line is skipped)."""
+    out = []
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(obj, dict):
+            out.append(obj)
+    return out
+
+
+def judge_outcome(run_dir: Path, runner_exit: int | None) -> tuple[dict, list[str]]:
+    """What a run delivered after one of its roles was killed: per mode the workload's
+    requests, completed, failed (and their reasons, counted), missing (no record),
+    unexplained (not completed, no reason) and tokens duplicated; and the problems
+    (module docstring)."""
+    problems = []
+    if runner_exit not in (0, 1):
+        problems.append(f"the runner exited {runner_exit}, not 0 or 1 (a run that reported)")
+    if not (run_dir / "summary.json").is_file():
+        problems.append(f"no {run_dir / 'summary.json'}: the run did not report")
+    modes = {}
+    for mode_dir in sorted(p for p in run_dir.iterdir() if (p / "workload.jsonl").is_file()) \
+            if run_dir.is_dir() else ():
+        wanted = {w["id"] for w in _jsonl(mode_dir / "workload.jsonl") if not w.get("warmup")}
+        records = [r for r in _jsonl(mode_dir / "requests.jsonl") if r.get("id") in wanted]
+        done = [r for r in records if r.get("status") == "completed"]
+        not_done = [r for r in records if r.get("status") != "completed"]
+        reasons: dict[str, int] = {}
+        for r in not_done:
+            why = str(r.get("reason") or "")[:80]
+            reasons[why] = reasons.get(why, 0) + 1
+        m = {"requests": len(wanted), "completed": len(done), "failed": len(not_done),
+             "missing": len(wanted - {r["id"] for r in records}),
+             "unexplained": reasons.get("", 0),
+             "tokens_duplicated": sum(int(r.get("tokens_duplicated") or 0) for r in records),
+             "reasons": {k: v for k, v in sorted(reasons.items()) if k}}
+        modes[mode_dir.name] = m
+        problems += [f"{mode_dir.name}: {m[k]} {what}" for k, what in (
+            ("missing", "requests without a record"),
+            ("unexplained", "requests not completed that give no reason"),
+            ("tokens_duplicated", "tokens delivered twice")) if m[k]]
+    if not modes:
+        problems.append(f"no mode folder with a workload in {run_dir}")
+    return modes, problems
+
+
 @dataclass
 class CycleResult:
     cycle: int
-    target: str  # "runner" or "role"
+    target: str  # "runner", or "role" (any role) or one role's name
     at_s: float  # the seeded moment after the runner's start
     killed: str = ""  # what was SIGKILLed ("" if the run ended first)
     runner_exit: int | None = None
     clean_exit: int | None = None
     clean_output: str = ""
     leftovers: list[str] = field(default_factory=list)
+    outcome: dict | None = None  # judge_outcome's modes, after a role kill
+    outcome_problems: list[str] = field(default_factory=list)
+
+
+def cycle_target(i: int, kill: str) -> str:
+    """What cycle ``i`` kills: ``alternate`` takes the runner in even cycles and a role in
+    odd ones; any other KILL_TARGETS value every time."""
+    if kill not in KILL_TARGETS:
+        raise ValueError(f"kill: expected one of {', '.join(KILL_TARGETS)}, got {kill!r}")
+    if kill == "alternate":
+        return "runner" if i % 2 == 0 else "role"
+    return kill
 
 
 def run_cycle(i: int, rng: random.Random, scenario: Path, work: Path, window_s: float,
-              runner_timeout_s: float = 300.0) -> CycleResult:
+              runner_timeout_s: float = 300.0, kill: str = "alternate") -> CycleResult:
     """One cycle (see the module docstring)."""
-    target = "runner" if i % 2 == 0 else "role"
+    target = cycle_target(i, kill)
     res = CycleResult(i, target, round(rng.uniform(0.5, window_s), 3))
     pick = rng.random()  # which role, drawn now so the sequence does not depend on timing
     out = work / f"cycle-{i:03d}"
@@ -174,8 +251,10 @@ def run_cycle(i: int, rng: random.Random, scenario: Path, work: Path, window_s: 
                 os.kill(runner.pid, signal.SIGKILL)
                 res.killed = f"runner pid {runner.pid}"
             else:  # the roles may not be up yet at the drawn moment: the first one after it
-                while runner.poll() is None and not (roles := role_pids(naming.STATE_DIR,
-                                                                          runner.pid)):
+                wanted = ROLE_WHATS if target == "role" else (target + " ",)
+                while runner.poll() is None and not (roles := [
+                        r for r in role_pids(naming.STATE_DIR, runner.pid)
+                        if r[2].startswith(wanted)]):
                     time.sleep(0.05)
                 if runner.poll() is None:
                     pid, start, what = roles[int(pick * len(roles))]
@@ -191,6 +270,8 @@ def run_cycle(i: int, rng: random.Random, scenario: Path, work: Path, window_s: 
             res.killed += f"; runner hung past {runner_timeout_s:g} s, SIGKILLed"
     finally:
         log.close()
+    if target != "runner" and res.killed and not res.killed.endswith("SIGKILLed"):
+        res.outcome, res.outcome_problems = judge_outcome(out, res.runner_exit)
     clean = subprocess.run(_testbed_argv() + ["clean"], capture_output=True, text=True,
                            timeout=120)
     res.clean_exit, res.clean_output = clean.returncode, (clean.stdout + clean.stderr).strip()
@@ -203,20 +284,27 @@ def run_cycle(i: int, rng: random.Random, scenario: Path, work: Path, window_s: 
 
 
 def run_chaos(cycles: int, seed: int, scenario: Path | None = None,
-              window_s: float = 25.0, work: Path | None = None) -> dict:
+              window_s: float = 25.0, work: Path | None = None, kill: str = "alternate") -> dict:
     """``cycles`` kill cycles; the JSON-ready result."""
+    cycle_target(0, kill)  # a bad target fails before anything starts
     scenario = Path(scenario or DEFAULT_SCENARIO)
     work = Path(work or tempfile.mkdtemp(prefix="testbed-chaos-"))
     work.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
     results = []
     for i in range(cycles):
-        res = run_cycle(i, rng, scenario, work, window_s)
+        res = run_cycle(i, rng, scenario, work, window_s, kill=kill)
         results.append(res)
+        told = "" if res.outcome is None else "; outcome " + "; ".join(
+            f"{m}: {o['completed']}/{o['requests']} completed, {o['failed']} failed with a "
+            f"reason" for m, o in res.outcome.items()) + (
+            f"; PROBLEMS: {'; '.join(res.outcome_problems)}" if res.outcome_problems else "")
         print(f"chaos: cycle {i}: {res.target} at {res.at_s:g} s: killed "
               f"{res.killed or 'nothing (the run ended first)'}; runner exit {res.runner_exit}, "
-              f"clean exit {res.clean_exit}; {len(res.leftovers)} leftovers", file=sys.stderr)
-    return {"seed": seed, "cycles": cycles, "scenario": str(scenario), "work_dir": str(work),
-            "window_s": window_s,
+              f"clean exit {res.clean_exit}; {len(res.leftovers)} leftovers{told}",
+              file=sys.stderr)
+    return {"seed": seed, "cycles": cycles, "kill": kill, "scenario": str(scenario),
+            "work_dir": str(work), "window_s": window_s,
             "results": [vars(r) for r in results],
-            "leftovers_total": sum(len(r.leftovers) for r in results)}
+            "leftovers_total": sum(len(r.leftovers) for r in results),
+            "outcome_problems_total": sum(len(r.outcome_problems) for r in results)}

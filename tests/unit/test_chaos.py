@@ -1,4 +1,5 @@
-"""The leftover detection of ``testbed bench chaos`` (testbed/scenario/chaos.py), pure.
+"""The leftover detection and the outcome judgment of ``testbed bench chaos``
+(testbed/scenario/chaos.py), pure.
 
 Snapshots are built by hand, or read from a fake /proc, /sys/class/net and
 state folder in tmp_path; nothing is started or killed.
@@ -9,8 +10,10 @@ from __future__ import annotations
 import json
 import os
 
-from testbed.scenario.chaos import (Process, Snapshot, role_pids, snapshot_leftovers,
-                                    take_snapshot)
+import pytest
+
+from testbed.scenario.chaos import (Process, Snapshot, cycle_target, judge_outcome, role_pids,
+                                    snapshot_leftovers, take_snapshot)
 
 ROOT_NS = "net:[4026531840]"
 BEFORE = Snapshot(links=frozenset({"lo", "eth0", "docker0"}), netns=frozenset({ROOT_NS}),
@@ -97,3 +100,58 @@ def test_role_pids_come_from_the_runners_own_state_file(tmp_path):
     assert role_pids(tmp_path, 99) == [(11, 2, "prefill p0 in p0h"),
                                        (12, 3, "router router in rh")]
     assert role_pids(tmp_path / "absent", 99) == []
+
+
+def write_run(run, records, workload_ids=(0, 1, 2, 3), warmup_ids=(), summary=True):
+    mode = run / "pdd"
+    mode.mkdir(parents=True)
+    with (mode / "workload.jsonl").open("w") as fh:
+        for i in warmup_ids:
+            fh.write(json.dumps({"id": i, "warmup": True}) + "\n")
+        for i in workload_ids:
+            fh.write(json.dumps({"id": i}) + "\n")
+    (mode / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records)
+                                         + '{"id": 3, "status": "compl')  # cut last line
+    if summary:
+        (run / "summary.json").write_text("{}")
+    return run
+
+
+def rec(i, status="completed", reason=None, dup=0):
+    return {"id": i, "status": status, "reason": reason, "tokens_duplicated": dup}
+
+
+def test_failures_with_reasons_are_an_outcome(tmp_path):
+    run = write_run(tmp_path / "r", [rec(0), rec(1), rec(2, "failed", "router connection lost"),
+                                      rec(3, "failed", "router connection lost")],
+                    warmup_ids=(90,))
+    modes, problems = judge_outcome(run, 1)
+    assert problems == []
+    assert modes["pdd"] == {"requests": 4, "completed": 2, "failed": 2, "missing": 0,
+                            "unexplained": 0, "tokens_duplicated": 0,
+                            "reasons": {"router connection lost": 2}}
+
+
+def test_a_lost_request_a_silent_failure_and_a_duplicated_token_are_problems(tmp_path):
+    # id 3's only line is cut mid-way: no record; id 1 failed without a reason; id 2 repeated
+    run = write_run(tmp_path / "r", [rec(0), rec(1, "failed"), rec(2, dup=3)])
+    modes, problems = judge_outcome(run, 0)
+    assert modes["pdd"]["missing"] == 1 and modes["pdd"]["unexplained"] == 1
+    assert problems == ["pdd: 1 requests without a record",
+                        "pdd: 1 requests not completed that give no reason",
+                        "pdd: 3 tokens delivered twice"]
+
+
+def test_a_run_that_did_not_report_is_a_problem(tmp_path):
+    run = write_run(tmp_path / "r", [rec(i) for i in range(4)], summary=False)
+    _, problems = judge_outcome(run, -9)
+    assert problems[0] == "the runner exited -9, not 0 or 1 (a run that reported)"
+    assert "did not report" in problems[1]
+    assert judge_outcome(tmp_path / "absent", 1)[1][-1].startswith("no mode folder")
+
+
+def test_cycle_targets():
+    assert [cycle_target(i, "alternate") for i in range(3)] == ["runner", "role", "runner"]
+    assert cycle_target(5, "router") == "router"
+    with pytest.raises(ValueError, match="kill: expected one of"):
+        cycle_target(0, "gateway")
