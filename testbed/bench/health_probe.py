@@ -6,10 +6,14 @@ role process's memory.
 reads the resident memory (VmRSS) of every process whose command line runs a testbed
 role or the gateway (``testbed.pdd.run.node CONFIG NAME``, ``testbed.pdd.roles.gateway
 CONFIG NAME``: keyed by NAME, the gateway as ``gateway``); each sample is one JSON line
-``{"t", "health_ms", "status", "rss_mb": {name: MB}}``. On SIGTERM or SIGINT it stops
-and prints a summary (JSON): samples, health latency p50/p99/max and how many answers
-were not 200 or took over 100 ms, each process's peak RSS and its RSS slope (MB per
-minute, least squares). Run it beside a benchmark client inside a ``testbed serve``
+``{"t", "health_ms", "status", "late_ms", "rss_mb": {name: MB}}``, ``late_ms`` being how
+much later than its schedule the probe itself woke to ask (the machine's scheduling
+pressure on the instrument: a late probe measures nothing of the gateway). On SIGTERM
+or SIGINT it stops and prints a summary (JSON): samples, health latency p50/p99/max and
+how many answers were not 200 or took over 100 ms, the probe's own lateness p99/max,
+each process's peak RSS and its RSS slope (MB per minute, least squares). ``--nice
+-10`` runs the probe at the gateway's priority (root), so that a benchmark client's
+processes on the same cores delay the probe no more than the gateway. Run it beside a benchmark client inside a ``testbed serve``
 (docs/robustness.md, "Overload"):
 
     testbed serve topologies/two-dc.yaml --mode pdd --out runs/overload -- sh -c \\
@@ -66,6 +70,7 @@ def probe_health(url: str) -> tuple[float, int | str]:
 
 def summarize(samples: list[dict]) -> dict:
     lat = [s["health_ms"] for s in samples]
+    late = [s["late_ms"] for s in samples if s.get("late_ms") is not None]
     series: dict[str, list[tuple[float, float]]] = {}
     for s in samples:
         for name, mb in s["rss_mb"].items():
@@ -76,6 +81,7 @@ def summarize(samples: list[dict]) -> dict:
                           "max": max(lat, default=None)},
             "health_not_200": sum(1 for s in samples if s["status"] != 200),
             "health_over_100ms": sum(1 for x in lat if x > 100),
+            "probe_late_ms": {"p99": percentile(late, 99), "max": max(late, default=None)},
             "rss_peak_mb": {n: max(v for _, v in pts) for n, pts in sorted(series.items())},
             "rss_slope_mb_per_min": {n: slope_per_min(pts) for n, pts in sorted(series.items())}}
 
@@ -86,23 +92,31 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("base_url", help="the gateway's base URL, e.g. http://10.0.0.1:8000")
     ap.add_argument("out", help="JSONL file of samples")
     ap.add_argument("--interval-s", type=float, default=0.1)
+    ap.add_argument("--nice", type=int, default=0, help="add this to the probe's nice value "
+                    "(negative needs root; -10 is the gateway's)")
     args = ap.parse_args(argv)
+    if args.nice:
+        os.nice(args.nice)
     stop = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.append(True))
     url, samples, t0 = args.base_url.rstrip("/") + "/health", [], time.monotonic()
     procs, procs_at = role_processes(), time.monotonic()
+    due = time.monotonic()
     with open(args.out, "w") as out:
         while not stop:
-            if time.monotonic() - procs_at > 5:  # a restarted role has a new pid
-                procs, procs_at = role_processes(), time.monotonic()
+            late_ms = round(max(0.0, time.monotonic() - due) * 1e3, 2)
             ms, status = probe_health(url)
             s = {"t": round(time.monotonic() - t0, 3), "health_ms": ms, "status": status,
+                 "late_ms": late_ms,
                  "rss_mb": {n: rss_mb(pid) for n, pid in sorted(procs.items())}}
             samples.append(s)
             out.write(json.dumps(s) + "\n")
             out.flush()
-            time.sleep(max(0.0, args.interval_s - ms / 1e3))
+            if time.monotonic() - procs_at > 5:  # a restarted role has a new pid
+                procs, procs_at = role_processes(), time.monotonic()
+            due = max(due + args.interval_s, time.monotonic())  # no burst after a stall
+            time.sleep(max(0.0, due - time.monotonic()))
     print(json.dumps(summarize(samples), indent=1))
     return 0
 

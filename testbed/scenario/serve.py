@@ -158,9 +158,11 @@ def _interrupt(proc: subprocess.Popen, timeout_s: float = 10.0) -> int:
         return proc.wait()
 
 
-def gateway_argv(config_path: Path, name: str, ip: str, port: int, out: Path) -> list[str]:
+def gateway_argv(config_path: Path, name: str, ip: str, port: int, out: Path,
+                 stats: Path | None = None) -> list[str]:
     return [sys.executable, "-m", "testbed.pdd.roles.gateway", str(config_path), name,
-            "--host", ip, "--port", str(port), "--out", str(out), "--log-level", "INFO"]
+            "--host", ip, "--port", str(port), "--out", str(out), "--log-level", "INFO"] + (
+        ["--stats", str(stats)] if stats is not None else [])
 
 
 def serve_info(prefix: str, mode: str, client: dict, port: int, model: str) -> dict:
@@ -197,7 +199,8 @@ def serve(topo, mode, opts: ServeOptions) -> dict:
             log = (roles.logs / f"{client['name']}.log").open("w")
             proc = net.popen(host, gateway_argv(roles.config_path, client["name"],
                                                 client["host"], opts.port,
-                                                roles.requests_path),
+                                                roles.requests_path,
+                                                roles.logs / f"{client['name']}.stats.jsonl"),
                              what=f"gateway {client['name']}", stdout=subprocess.PIPE,
                              stderr=log)
             log.close()

@@ -15,10 +15,11 @@ from testbed.bench.health_probe import probe_health, role_processes, rss_mb, sum
 
 
 def test_the_summary_counts_slow_and_failed_answers_and_peaks():
-    samples = [{"t": t, "health_ms": ms, "status": st, "rss_mb": {"md0": mb}}
-               for t, ms, st, mb in [(0, 2.0, 200, 100), (60, 150.0, 200, 130),
-                                     (120, 3.0, "URLError", 160)]]
+    samples = [{"t": t, "health_ms": ms, "status": st, "rss_mb": {"md0": mb}, "late_ms": late}
+               for t, ms, st, mb, late in [(0, 2.0, 200, 100, 0.1), (60, 150.0, 200, 130, 40.0),
+                                           (120, 3.0, "URLError", 160, 0.2)]]
     s = summarize(samples)
+    assert s["probe_late_ms"]["max"] == 40.0
     assert (s["samples"], s["health_not_200"], s["health_over_100ms"]) == (3, 1, 1)
     assert s["health_ms"]["max"] == 150.0 and s["rss_peak_mb"] == {"md0": 160}
     assert s["rss_slope_mb_per_min"]["md0"] == pytest.approx(30.0)

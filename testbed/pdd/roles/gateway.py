@@ -33,7 +33,13 @@ handler (aiohttp ``handler_cancellation``); the gateway then sends CANCEL
 for that request, and its record says ``failed`` / "client disconnected".
 NAME is a client instance of the config; every request is a line of
 ``--out`` in the client's requests.jsonl format (``gateway_link``), so
-``python -m testbed.pdd.run.verify OUT CONFIG`` checks its tokens. Prints
+``python -m testbed.pdd.run.verify OUT CONFIG`` checks its tokens. With
+``--stats FILE`` it appends a role's probe snapshots to FILE every second
+(testbed/pdd/run/probe.py: its event loop's lag, the garbage collector's
+pauses, its memory and descriptors): what its ``/health`` latency is made
+of under load. What it loaded before serving (modules, tokenizer, the token
+pieces) is frozen out of the collector's traversals, as in a role process,
+so a full collection scans only the requests' own objects. Prints
 ``ready`` once it serves; SIGTERM/SIGINT stop it (open requests are
 cancelled and recorded) with exit 0. Exit 2: bad config or arguments;
 1: the router could not be reached at start.
@@ -43,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import logging
 import math
@@ -55,6 +62,7 @@ from aiohttp import web
 from testbed.errors import ApiError, SpecError, TestbedError
 from testbed.pdd.roles import openai_api as api
 from testbed.pdd.run.config import ClusterConfig, load_config
+from testbed.pdd.run.probe import RoleProbe
 from testbed.pdd.run.sched import prefer_latency
 from testbed.pdd.roles.gateway_link import Live, RouterLink
 from testbed.pdd.compute.text import TOKENIZER_DIR, decode_one_each, encode, load_tokenizer
@@ -242,12 +250,15 @@ class Gateway:
 
 
 async def serve(cfg: ClusterConfig, name: str, host: str, port: int, out: str,
-                tokenizer_path: str, model: str) -> None:
+                tokenizer_path: str, model: str, stats: str | None = None,
+                sched: dict | None = None) -> None:
     """Run the gateway until SIGTERM/SIGINT (see the module docstring)."""
     tok = load_tokenizer(tokenizer_path, cfg.model.vocab_size)
     link = RouterLink(cfg, name, TcpTransport(), out)
     runner = web.AppRunner(Gateway(cfg, link, tok, model).app(), handler_cancellation=True,
                            access_log=None)
+    gc.freeze()
+    probe = RoleProbe(stats, name, "gateway", sched=sched) if stats else None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -256,10 +267,14 @@ async def serve(cfg: ClusterConfig, name: str, host: str, port: int, out: str,
         await link.connect()
         await runner.setup()
         await web.TCPSite(runner, host, port, shutdown_timeout=1.0).start()
+        if probe is not None:
+            probe.start()
         print("ready", flush=True)
         log.warning("serving http://%s:%d/v1 (model %s), records in %s", host, port, model, out)
         await stop.wait()
     finally:
+        if probe is not None:
+            await probe.stop()
         await runner.cleanup()
         await link.close()
 
@@ -275,6 +290,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--tokenizer", default=str(TOKENIZER_DIR),
                     help="tokenizer directory or tokenizer.json")
     ap.add_argument("--model-name", default=DEFAULT_MODEL, help="the served model's name")
+    ap.add_argument("--stats", help="append the process's probe snapshots (loop lag, gc "
+                    "pauses, memory, descriptors) to this JSONL file every second")
     ap.add_argument("--log-level", default="WARNING")
     return ap
 
@@ -295,10 +312,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     # the client role's scheduling hints (a short slice, nice -10: testbed/pdd/run/sched.py),
     # so that a benchmark client on the same cores does not starve the gateway's one loop
-    prefer_latency(Role.CLIENT)
+    sched = prefer_latency(Role.CLIENT)
     try:
         asyncio.run(serve(cfg, args.name, args.host or inst.host, args.port, args.out,
-                          args.tokenizer, args.model_name))
+                          args.tokenizer, args.model_name, args.stats, sched))
     except (ConnectionClosed, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
