@@ -129,11 +129,8 @@ class MainDecodeNode(DecodingRoleServer):
                 await self.report_status(WanStatus(now - t_last, delta, busy, pending, done).data())
             t_last = now
 
-    def active_requests(self) -> int:
-        return len(self.states)
-
-    def held_request_ids(self) -> list[int]:
-        return list(self.states)
+    def held(self) -> dict:
+        return self.states
 
     async def on_frame(self, peer: Peer, frame: Frame) -> None:
         rid, msg = frame.request_id, frame.message

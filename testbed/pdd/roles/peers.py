@@ -37,7 +37,7 @@ import logging
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Mapping
 
 from testbed.errors import ProtocolError
 from testbed.types import PROTOCOL_EVENTS
@@ -172,9 +172,14 @@ class RoleServer:
     async def on_peer_lost(self, peer: Peer) -> None:
         """A connection ended (either direction)."""
 
+    def held(self) -> Mapping[int, object]:
+        """The requests this role holds now, by the router's request id: what
+        ``limits.max_requests`` bounds and what the role drops when the router is lost."""
+        return {}
+
     def active_requests(self) -> int:
         """Requests this role holds now (bounded by ``limits.max_requests``)."""
-        return 0
+        return len(self.held())
 
     def protocol_event(self, kind: str, rid: int, **fields) -> None:
         """Write one protocol event (``testbed.types.PROTOCOL_EVENTS``) to the events
@@ -191,7 +196,7 @@ class RoleServer:
     def held_request_ids(self) -> list[int]:
         """The router's request ids this role holds now (what it drops when the router
         is lost)."""
-        return []
+        return list(self.held())
 
     async def _router_lost(self, peer: Peer) -> None:
         """The router's last connection ended: the requests it routed here can reach no

@@ -147,11 +147,8 @@ class PrefillNode(RoleServer):
                 await self.report_status(TcpStatus(now - t_last, segs, retrans, rto).data())
             t_last = now
 
-    def active_requests(self) -> int:
-        return len(self.jobs)
-
-    def held_request_ids(self) -> list[int]:
-        return list(self.jobs)
+    def held(self) -> dict:
+        return self.jobs
 
     async def on_frame(self, peer: Peer, frame: Frame) -> None:
         rid, msg = frame.request_id, frame.message

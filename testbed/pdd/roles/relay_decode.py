@@ -68,11 +68,8 @@ class RelayDecodeNode(DecodingRoleServer):
         self.states: dict[int, RelayState] = {}
         self.ended: set[int] = set()  # ids freed or cancelled: later frames are ignored
 
-    def active_requests(self) -> int:
-        return len(self.states)
-
-    def held_request_ids(self) -> list[int]:
-        return list(self.states)
+    def held(self) -> dict:
+        return self.states
 
     def _state(self, rid: int) -> RelayState:
         if rid not in self.states:

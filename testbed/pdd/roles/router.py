@@ -312,8 +312,8 @@ class RouterNode(RoleServer):
         self.loss.add(time.monotonic(), st.segs_out, st.retrans)
         self.wan_rto_s = st.rto_s
 
-    def active_requests(self) -> int:
-        return len(self.requests)
+    def held(self) -> dict:
+        return self.requests
 
     async def reject_request(self, peer: Peer, rid: int, why: str,
                              code: ErrorCode = ErrorCode.PROTOCOL) -> None:
