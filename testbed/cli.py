@@ -345,7 +345,8 @@ def cmd_bench_soak(args) -> int:
 
     sc = load_scenario(args.scenario or str(Path(__file__).resolve().parent.parent / SOAK_SCENARIO))
     out = Path(args.out) if args.out else Path("runs") / f"soak-{time.strftime('%Y%m%d-%H%M%S')}"
-    opts = RunOptions(out, None, args.scale, None if args.backend == "auto" else args.backend)
+    opts = RunOptions(out, None, args.scale, None if args.backend == "auto" else args.backend,
+                      engine=args.engine)
     with out_dir_lock(out, "testbed bench soak"):
         summary = run_scenario(sc, opts)
     soak = {"scenario": summary["scenario"], "passed": summary["passed"],
@@ -682,6 +683,8 @@ def build_parser() -> argparse.ArgumentParser:
                    f"(default {SOAK_SCENARIO})")
     p.add_argument("--window-s", type=float, default=25.0,
                    help="chaos: the kill comes at a uniform moment in [0.5, this] s")
+    p.add_argument("--engine", choices=("torch", "hash"), default=None,
+                   help="soak: the roles' compute engine (default: the scenario's)")
     p.add_argument("--kill", default="alternate", choices=("alternate", "runner", "role",
                    "prefill", "relay_decode", "main_decode", "router"),
                    help="chaos: what each cycle kills (alternate: the runner in even cycles, "

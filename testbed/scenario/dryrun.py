@@ -27,6 +27,7 @@ def _backend(name: str | None) -> tuple[Backend, str]:
 
 def describe(sc, opts) -> str:
     from testbed.workload import build_workload
+    from testbed.workload.spec import MODEL_CONTEXT_TOKENS
 
     seed, scale, backend_name = sc.overridden(opts.seed, opts.scale, opts.backend)
     backend, how = _backend(backend_name)
@@ -47,8 +48,14 @@ def describe(sc, opts) -> str:
         f"{st.input_len.mean:.0f} tokens, output mean {st.output_len.mean:.0f}; hit rate "
         f"{st.hit_rate_token_weighted * 100:.1f}% token-weighted, "
         f"{st.hit_rate_mean * 100:.1f}% per request",
-        "faults" + ("     none" if not sc.faults else ""),
     ]
+    over = [r.id for r in wl.requests if r.input_len + r.output_len > MODEL_CONTEXT_TOKENS]
+    if over:
+        lines.append(f"           {len(over)} requests (ids {', '.join(map(str, over[:5]))}"
+                     f"{', ...' if len(over) > 5 else ''}) exceed the run model's context of "
+                     f"{MODEL_CONTEXT_TOKENS} tokens: the roles will reject them (a trace's "
+                     f"over_context: skip leaves them out)")
+    lines.append("faults" + ("     none" if not sc.faults else ""))
     for f in sorted(sc.faults, key=lambda f: (f.trigger is not None, f.at_s)):
         end = f" for {f.duration_s:g} s" if f.duration_s else ""
         params = ", ".join(f"{k}={v}" for k, v in f.params.items())

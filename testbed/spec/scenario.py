@@ -24,6 +24,7 @@ from testbed.spec.link import parse_link
 from testbed.reader import Fields, is_file, load_yaml
 from testbed.spec.topology import Topology, load_topology
 from testbed.workload import parse_workload
+from testbed.workload.spec import MODEL_CONTEXT_TOKENS
 from testbed.types import (ENGINES, POLICIES, SCENARIO_SLA, HandoffMode, Mode, PddSettings, Sla,
                            is_file_policy)
 
@@ -42,10 +43,6 @@ METRICS = ("requests_total", "requests_completed", "requests_failed", "tokens_lo
 # A (mode, baseline) pair's metrics over the same requests; only a comparison bounds them.
 PAIRED_METRICS = ("paired_ttft_ratio_p50",)
 OPS = ("==", "<=", "<", ">=", ">")
-# The run model's longest sequence (testbed/pdd/compute/model.py, ModelConfig.max_context):
-# a synthetic workload whose prompt plus output can exceed it is refused here, not by the
-# roles after the network is up.
-MODEL_CONTEXT_TOKENS = 4096
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 
 

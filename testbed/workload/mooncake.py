@@ -1,7 +1,9 @@
 """Mooncake-format JSONL traces turned into requests with real shared token prefixes.
 
 Owns TraceRow, ``read_trace`` (validates each line), ``select_rows`` (time
-window, sampling, limit) and ``load_mooncake``. One JSON object per line:
+window, sampling, limit), ``kept_rows`` (with ``over_context: skip``, less
+the requests whose prompt plus output exceed MODEL_CONTEXT_TOKENS after the
+divisors, which the run model cannot hold) and ``load_mooncake``. One JSON object per line:
 ``timestamp`` (ms from the trace start), ``input_length``, ``output_length``
 (tokens) and ``hash_ids`` (one id per ``block_tokens``-token block of the
 prompt; two requests whose lists share a leading run share that prefix).
@@ -48,7 +50,8 @@ from testbed.errors import SpecError
 from testbed.reader import is_file
 from testbed.strict import finite, parse_json
 from testbed.workload.records import WorkloadRequest
-from testbed.workload.spec import MooncakeSpec, WorkloadKind, WorkloadSpec, error_path
+from testbed.workload.spec import (MODEL_CONTEXT_TOKENS, MooncakeSpec, WorkloadKind,
+                                   WorkloadSpec, error_path)
 from testbed.workload.tokens import MAX_HASH_ID, as_prompt, hashed_tokens
 
 TRACE_FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
@@ -178,9 +181,25 @@ class _HashTrie:
         return matched, owner
 
 
+def scaled_lengths(row: TraceRow, mc: MooncakeSpec) -> tuple[int, int]:
+    """A row's prompt and output in the run's tokens: ceil(length / divisor), the
+    output at least 1."""
+    return (-(-row.input_length // mc.input_len_divisor),
+            max(1, -(-row.output_length // mc.output_len_divisor)))
+
+
+def kept_rows(spec: WorkloadSpec, path: Path) -> Iterator[TraceRow]:
+    """The rows ``select_rows`` keeps, less, with ``over_context: skip``, those whose
+    prompt plus output (after the divisors) exceed MODEL_CONTEXT_TOKENS."""
+    mc = spec.mooncake
+    for row in select_rows(read_trace(path, mc.block_tokens), mc):
+        if mc.over_context == "keep" or sum(scaled_lengths(row, mc)) <= MODEL_CONTEXT_TOKENS:
+            yield row
+
+
 def _request(i: int, row: TraceRow, spec: MooncakeSpec, trie: _HashTrie) -> WorkloadRequest:
     block = spec.scaled_block_tokens
-    n_in = -(-row.input_length // spec.input_len_divisor)
+    n_in, n_out = scaled_lengths(row, spec)
     matched, session = trie.add(row.hash_ids)
     hit = n_in if matched == len(row.hash_ids) else matched * block
     tokens = hashed_tokens(row.hash_ids, block, n_in)
@@ -188,7 +207,7 @@ def _request(i: int, row: TraceRow, spec: MooncakeSpec, trie: _HashTrie) -> Work
         id=i,
         arrival_s=(row.timestamp_ms / 1000.0 - spec.start_s) * spec.time_scale,
         prompt=as_prompt(tokens),
-        output_len=max(1, -(-row.output_length // spec.output_len_divisor)),
+        output_len=n_out,
         session=session,
         designed_hit_rate=hit / n_in)
 
@@ -213,8 +232,7 @@ def load_mooncake(spec: WorkloadSpec, base_dir: str | Path = ".") -> tuple[Workl
     if path is None:
         return ()
     trie = _HashTrie()
-    rows = select_rows(read_trace(path, mc.block_tokens), mc)
-    return tuple(_request(i, row, mc, trie) for i, row in enumerate(rows))
+    return tuple(_request(i, row, mc, trie) for i, row in enumerate(kept_rows(spec, path)))
 
 
 # the shipped trace (the mooncake-trace scenario's), for clients that replay it themselves
@@ -238,12 +256,12 @@ def write_client_trace(spec: WorkloadSpec, dst: Path, base_dir: str | Path = "."
     mc, path = spec.mooncake, trace_path(spec, base_dir)
     n = 0
     with open(dst, "w") as fout:
-        for row in select_rows(read_trace(path, mc.block_tokens), mc):
+        for row in kept_rows(spec, path):
+            n_in, n_out = scaled_lengths(row, mc)
             fout.write(json.dumps({
                 "timestamp": round((row.timestamp_ms / 1000.0 - mc.start_s)
                                    * mc.time_scale * 1000.0, 3),
-                "input_length": -(-row.input_length // mc.input_len_divisor),
-                "output_length": max(1, -(-row.output_length // mc.output_len_divisor)),
+                "input_length": n_in, "output_length": n_out,
                 "hash_ids": list(row.hash_ids)}) + "\n")
             n += 1
     return n

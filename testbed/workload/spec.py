@@ -28,6 +28,8 @@ Mooncake example::
     input_len_divisor: 32        # 512-token hash blocks become 16-token blocks
     output_len_divisor: 32
     time_scale: 1.0
+    over_context: keep           # a request the run model cannot hold: keep it (the roles
+                                 # reject it, a failed request with the reason) or skip it
 
 Example::
 
@@ -46,6 +48,13 @@ from testbed.workload.lengths import MAX_TOKENS, LengthDist, parse_length_dist
 from testbed.workload.tokens import MAX_BLOCK_TOKENS
 
 MAX_REQUESTS = 1_000_000
+# The run model's longest sequence (testbed/pdd/compute/engine.py, ModelConfig.max_context).
+# A synthetic workload whose prompt plus output can exceed it is refused when the scenario
+# is loaded (its length bounds are the spec's); a trace is data: a request of it beyond the
+# context is kept (the roles reject it: a failed request with the reason; the dry run
+# counts them) or, with ``over_context: skip``, left out when the workload is built.
+MODEL_CONTEXT_TOKENS = 4096
+OVER_CONTEXT = ("keep", "skip")
 MAX_DURATION_S = 7 * 86_400.0
 ANOMALOUS_MAX_OUTPUT_TOKENS = 500  # PDD: anomalous requests emit fewer than 500 tokens
 DEFAULT_ANOMALOUS_OUTPUT = LengthDist.uniform(1, ANOMALOUS_MAX_OUTPUT_TOKENS - 1)
@@ -101,6 +110,7 @@ class MooncakeSpec:
     input_len_divisor: int = 1  # prompt lengths and hash blocks / this (<= block_tokens / 16)
     output_len_divisor: int = 1
     missing_ok: bool = False  # absent file -> empty workload instead of an error
+    over_context: str = "keep"  # a request over MODEL_CONTEXT_TOKENS: keep | skip it
 
     @property
     def scaled_block_tokens(self) -> int:
@@ -182,7 +192,8 @@ def _parse_mooncake(f: Fields) -> MooncakeSpec:
         block_tokens=block,
         input_len_divisor=in_div,
         output_len_divisor=f.int("output_len_divisor", 1, lo=1, hi=MAX_TOKENS),
-        missing_ok=f.bool("missing_ok", False))
+        missing_ok=f.bool("missing_ok", False),
+        over_context=f.choice("over_context", OVER_CONTEXT, "keep"))
 
 
 def parse_workload(f: Fields) -> WorkloadSpec:

@@ -54,6 +54,21 @@ def test_fixture_loads():
         assert 0 <= min(r.prompt) and max(r.prompt) < VOCAB_SIZE
 
 
+def test_requests_beyond_the_models_context_are_kept_or_skipped():
+    from testbed.workload.spec import MODEL_CONTEXT_TOKENS
+    over = [i for i, row in enumerate(ROWS)
+            if row["input_length"] + row["output_length"] > MODEL_CONTEXT_TOKENS]
+    assert over  # line 12 of the fixture: 4536 + 483 tokens
+    kept = build_workload(spec_of()).requests
+    assert len(kept) == len(ROWS)  # the default: the roles will reject them, with a reason
+    skipped = build_workload(spec_of(over_context="skip")).requests
+    assert len(skipped) == len(ROWS) - len(over)
+    assert [r.id for r in skipped] == list(range(len(skipped)))
+    assert all(r.input_len + r.output_len <= MODEL_CONTEXT_TOKENS for r in skipped)
+    with pytest.raises(SpecError, match="over_context"):
+        spec_of(over_context="refuse")
+
+
 def test_shared_hash_prefixes_are_shared_token_prefixes():
     reqs = build_workload(spec_of()).requests
     for i in range(len(ROWS)):

@@ -6,7 +6,9 @@ config (so on the roles' engine, torch or hash: ``engine.build_model``) and comp
 order. A request matches only if it has exactly ``max_out`` positions
 0..max_out-1 and every id equals the reference. Failed requests are
 checked too (their received prefix must match; they never count as a
-match). Not in the client's hot path.
+match). The reference stops where the model's context does (``max_context``:
+a request the roles rejected for its length has no reference beyond it, and
+a token received there is a mismatch). Not in the client's hot path.
 
 ``gateway_stats`` sums up a gateway's records and their verdicts (requests,
 completed, verified, pipelines, TTFT p50/p90 as the roles saw it, ``ttft_s``,
@@ -47,7 +49,8 @@ def verify_records(records: Iterable[dict], model_cfg: ModelConfig) -> list[Verd
     out = []
     for rec in records:
         got = {int(t[0]): int(t[1]) for t in rec.get("tokens") or ()}
-        ref = model.greedy_generate(rec["prompt"], rec["max_out"])
+        room = max(0, model_cfg.max_context - len(rec["prompt"]))
+        ref = model.greedy_generate(rec["prompt"], min(rec["max_out"], room))
         bad = [p for p, tok in sorted(got.items()) if p >= len(ref) or ref[p] != tok]
         full = sorted(got) == list(range(len(ref)))
         out.append(Verdict(rec.get("id"), rec.get("status", "?"),
