@@ -15,7 +15,8 @@ and at ``close()`` for whatever is still open.
 
 Lifecycle: ``connect()`` -> ``open(...)`` per HTTP request -> ``next_ids``
 until ``Live.over`` -> ``finish(live)`` (records it; CANCELs it if it was
-not over) -> ``close()``. Losing the router fails every open request
+not over) -> ``close()``. A record reaches the file within FLUSH_EVERY_S of
+being written (one flush per interval, not per record), and at ``close()``. Losing the router fails every open request
 ("router connection lost"); the next ``open`` connects again (an
 ``ApiError`` 503 if the router does not answer).
 """
@@ -37,6 +38,7 @@ from testbed.pdd.wire.protocol import Cancel, Frame, Hello, Request, Role
 from testbed.pdd.wire.transport import Connection, ConnectionClosed, Transport
 
 log = logging.getLogger(__name__)
+FLUSH_EVERY_S = 0.05  # records reach the file at most this long after the request ends
 
 
 @dataclass(eq=False)
@@ -69,6 +71,7 @@ class RouterLink:
     def __init__(self, cfg: ClusterConfig, name: str, transport: Transport, out: str | Path):
         self.cfg, self.name, self.transport = cfg, name, transport
         self._out = open(out, "a")
+        self._flush: asyncio.TimerHandle | None = None
         self._conn: Connection | None = None
         self._reader: asyncio.Task | None = None
         self._lock = asyncio.Lock()
@@ -194,7 +197,14 @@ class RouterLink:
         rec = trace.record(self.cfg.mode.value, self.cfg.relay.handoff_mode.value)
         rec["gateway"] = info
         self._out.write(json.dumps(rec, separators=(",", ":")) + "\n")
-        self._out.flush()
+        if self._flush is None:  # one write to the file per FLUSH_EVERY_S, not per record:
+            self._flush = asyncio.get_running_loop().call_later(  # under a flood of 429s
+                FLUSH_EVERY_S, self._flush_out)                   # a syscall each was a cost
+
+    def _flush_out(self) -> None:
+        self._flush = None
+        if not self._out.closed:
+            self._out.flush()
 
     async def _read(self, conn: Connection) -> None:
         try:
@@ -231,4 +241,7 @@ class RouterLink:
         if self._reader is not None:
             self._reader.cancel()
             await asyncio.gather(self._reader, return_exceptions=True)
+        if self._flush is not None:
+            self._flush.cancel()
+            self._flush = None
         self._out.close()
