@@ -22,7 +22,10 @@ record, every request that did not complete says why, and no token reached
 the client twice. A killed role is not restarted, so requests may fail
 (P lost before their first token; the router gone past their timeout):
 failing with a reason is an outcome, losing a request or a token's
-uniqueness is not. ``outcome_problems`` lists what broke that.
+uniqueness is not. ``outcome_problems`` lists what broke that. A kill that
+lands before the workload starts (a role not yet ready) sends no request:
+the runner must then exit 2 naming the role (``testbed run``'s start
+failure), and the outcome is ``{}``.
 
 Needs root (the runner builds the network). Result (JSON): seed, cycles,
 scenario, one entry per cycle (what was killed, when, exit codes, its
@@ -176,14 +179,18 @@ def judge_outcome(run_dir: Path, runner_exit: int | None) -> tuple[dict, list[st
     requests, completed, failed (and their reasons, counted), missing (no record),
     unexplained (not completed, no reason) and tokens duplicated; and the problems
     (module docstring)."""
+    started = [p for p in sorted(run_dir.iterdir()) if (p / "workload.jsonl").is_file()
+               and any(e.get("kind") == "workload_start" for e in _jsonl(p / "events.jsonl"))] \
+        if run_dir.is_dir() else []
+    if not started and runner_exit == 2:
+        return {}, []  # killed before any workload began: a start failure, exit 2
     problems = []
     if runner_exit not in (0, 1):
         problems.append(f"the runner exited {runner_exit}, not 0 or 1 (a run that reported)")
     if not (run_dir / "summary.json").is_file():
         problems.append(f"no {run_dir / 'summary.json'}: the run did not report")
     modes = {}
-    for mode_dir in sorted(p for p in run_dir.iterdir() if (p / "workload.jsonl").is_file()) \
-            if run_dir.is_dir() else ():
+    for mode_dir in started:
         wanted = {w["id"] for w in _jsonl(mode_dir / "workload.jsonl") if not w.get("warmup")}
         records = [r for r in _jsonl(mode_dir / "requests.jsonl") if r.get("id") in wanted]
         done = [r for r in records if r.get("status") == "completed"]
@@ -203,7 +210,7 @@ def judge_outcome(run_dir: Path, runner_exit: int | None) -> tuple[dict, list[st
             ("unexplained", "requests not completed that give no reason"),
             ("tokens_duplicated", "tokens delivered twice")) if m[k]]
     if not modes:
-        problems.append(f"no mode folder with a workload in {run_dir}")
+        problems.append(f"no mode folder with a started workload in {run_dir}")
     return modes, problems
 
 

@@ -112,6 +112,7 @@ def write_run(run, records, workload_ids=(0, 1, 2, 3), warmup_ids=(), summary=Tr
             fh.write(json.dumps({"id": i}) + "\n")
     (mode / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records)
                                          + '{"id": 3, "status": "compl')  # cut last line
+    (mode / "events.jsonl").write_text('{"kind": "network_up"}\n{"kind": "workload_start"}\n')
     if summary:
         (run / "summary.json").write_text("{}")
     return run
@@ -148,6 +149,14 @@ def test_a_run_that_did_not_report_is_a_problem(tmp_path):
     assert problems[0] == "the runner exited -9, not 0 or 1 (a run that reported)"
     assert "did not report" in problems[1]
     assert judge_outcome(tmp_path / "absent", 1)[1][-1].startswith("no mode folder")
+
+
+def test_a_kill_before_the_workload_started_is_a_start_failure(tmp_path):
+    run = write_run(tmp_path / "r", [], summary=False)
+    (run / "pdd" / "events.jsonl").write_text('{"kind": "network_up"}\n')
+    assert judge_outcome(run, 2) == ({}, [])  # the runner said why and exited 2
+    _, problems = judge_outcome(run, 0)  # a run that says it passed without starting
+    assert any("did not report" in p for p in problems)
 
 
 def test_cycle_targets():
