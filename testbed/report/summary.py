@@ -58,7 +58,7 @@ def comparison_plan(run: RunData) -> tuple[list[str], list[tuple[str, str]]]:
 
 def tokens_intact(mode: dict) -> bool:
     return (mode["tokens_lost"] == 0 and mode["tokens_duplicated"] == 0
-            and not mode.get("requests_mismatched"))
+            and not mode.get("requests_mismatched") and not mode.get("requests_unrecorded"))
 
 
 def failures(modes: dict, results: list[dict]) -> list[str]:
@@ -69,12 +69,33 @@ def failures(modes: dict, results: list[dict]) -> list[str]:
         for key, what in (("tokens_lost", "token positions never delivered"),
                           ("tokens_duplicated", "token positions delivered twice"),
                           ("requests_mismatched", "requests whose tokens differ from a "
-                                                  "single-process greedy decode")):
+                                                  "single-process greedy decode"),
+                          ("requests_unrecorded", "requests of the workload without a record "
+                                                  "(the client did not end them: its log says "
+                                                  "why)")):
             if m.get(key):
                 failed = f" ({m['requests_failed']} requests failed)" \
                     if key == "tokens_lost" and m.get("requests_failed") else ""
                 out.append(f"{name}: {m[key]} {what}{failed}")
     return out
+
+
+def unrecorded(run: RunData, mode) -> dict:
+    """``requests_unrecorded``: how many requests of MODE/workload.jsonl (warm-up ones
+    aside) have no record in requests.jsonl; {} when the workload file is absent (a
+    gateway's run, whose requests come from outside)."""
+    path = run.path / mode.name / "workload.jsonl"
+    if not path.is_file():
+        return {}
+    wanted = set()
+    for line in path.read_text().splitlines():
+        try:
+            w = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(w, dict) and not w.get("warmup"):
+            wanted.add(w.get("id"))
+    return {"requests_unrecorded": len(wanted - {r.get("id") for r in mode.requests})}
 
 
 def verification(run: RunData, mode: str) -> dict:
@@ -99,6 +120,7 @@ def summarize(run: RunData) -> dict:
     for name, m in modes.items():  # nominal bytes are counts
         m["wan_bytes"], m["intra_dc_bytes"] = round(m["wan_bytes"]), round(m["intra_dc_bytes"])
         m.update(verification(run, name))
+        m.update(unrecorded(run, next(x for x in run.modes if x.name == name)))
     metrics, pairs = comparison_plan(run)
     records = {m.name: m.requests for m in run.modes}
     paired = {(a, b): paired_metrics(records[a], records[b]) for a, b in pairs

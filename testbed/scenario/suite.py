@@ -11,7 +11,7 @@ and the loop (``run_suite``), which takes the run function as a parameter
 The matrix: per scenario, one row per expectation (summary.json's result
 joined with the scenario's spec for mode and metric) and one per mode and
 token check that summary.json's ``passed`` also needs (tokens_lost,
-tokens_duplicated, requests_mismatched == 0). A scenario passes when its
+tokens_duplicated, requests_mismatched, requests_unrecorded == 0). A scenario passes when its
 summary says so; a failed one names its failing rows. A scenario that
 raises is failed with the exception's text and the suite goes on; Ctrl-C
 (or SIGTERM while a network is up) marks the running scenario
@@ -50,12 +50,13 @@ from testbed.spec.scenario import Scenario, load_scenario
 SUITE_JSON, SUITE_MD = "suite.json", "suite.md"
 # summary.json mode metrics copied into the suite (those a mode has).
 KEY_METRICS = ("requests_total", "requests_completed", "requests_failed", "requests_verified",
-               "requests_mismatched", "tokens_lost", "tokens_duplicated", "ttft_p50_s",
+               "requests_mismatched", "requests_unrecorded", "tokens_lost", "tokens_duplicated", "ttft_p50_s",
                "ttft_p90_s", "ttft_p99_s", "ttft_high_hit_p50_s", "tpot_p50_ms", "e2e_p99_s", "goodput_rps",
                "rld_token_share", "relayed_share", "decision_regret_share")
 # What summary.json's "passed" needs of every mode besides the expectations
 # (report.summary.tokens_intact): each must be 0.
-TOKEN_CHECKS = ("tokens_lost", "tokens_duplicated", "requests_mismatched")
+TOKEN_CHECKS = ("tokens_lost", "tokens_duplicated", "requests_mismatched",
+                "requests_unrecorded")
 FOLDER_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 RunFn = Callable[[Scenario, RunOptions], dict]

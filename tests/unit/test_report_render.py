@@ -201,3 +201,15 @@ def test_reading_errors_and_a_truncated_last_line(run, tmp_path):
 def test_default_hit_bins_are_the_workload_packages():
     from testbed.workload.hitrate import PDD_BINS_PCT
     assert DEFAULT_HIT_BINS_PCT == PDD_BINS_PCT
+
+
+def test_a_workload_request_without_a_record_fails_the_run(run):
+    ids = [json.loads(x)["id"] for x in (run / "pdd" / "requests.jsonl").read_text().splitlines()]
+    lines = [{"id": i} for i in ids] + [{"id": "w0", "warmup": True}, {"id": "never-recorded"}]
+    (run / "pdd" / "workload.jsonl").write_text("".join(json.dumps(w) + "\n" for w in lines))
+    summary = build_report(run)
+    assert summary["modes"]["pdd"]["requests_unrecorded"] == 1
+    assert "requests_unrecorded" not in summary["modes"]["cross-dc-pd"]  # no workload file
+    assert not summary["passed"]
+    assert any(f.startswith("pdd: 1 requests of the workload without a record")
+               for f in summary["failures"])

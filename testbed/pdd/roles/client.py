@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -46,6 +47,7 @@ from testbed.pdd.wire.protocol import Cancel, Frame, Hello, Request, Role, Token
 from testbed.pdd.wire.transport import Connection, ConnectionClosed, Transport
 from testbed.strict import MAX_INT, finite, parse_json, read_text
 
+log = logging.getLogger(__name__)
 RECONNECT_S = 0.2  # between attempts to reach the router again after losing it
 MAX_RESUMES = 3  # times one request is resumed after losing the router
 
@@ -77,7 +79,12 @@ class Client:
         return conn
 
     async def run(self, requests: Sequence[ClientRequest]) -> list[dict]:
-        self._conn = await self._connect()
+        try:
+            self._conn = await self._connect()
+        except (OSError, ConnectionClosed) as err:  # the router not (yet, or any more) up:
+            log.warning("router unreachable at start (%s); connecting again every %g s",
+                        err, RECONNECT_S)  # each request waits for it, then fails
+            self._conn = None
         self.traces = {i + 1: RequestTrace(r) for i, r in enumerate(requests)}
         loop = asyncio.get_running_loop()
         reader = loop.create_task(self._read())
@@ -153,7 +160,7 @@ class Client:
         while True:
             conn = self._conn
             try:
-                while True:
+                while conn is not None:
                     frame = await conn.recv()
                     self._on_frame(conn, frame)
                     self._changed.set()
