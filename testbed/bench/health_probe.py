@@ -6,14 +6,16 @@ role process's memory.
 reads the resident memory (VmRSS) of every process whose command line runs a testbed
 role or the gateway (``testbed.pdd.run.node CONFIG NAME``, ``testbed.pdd.roles.gateway
 CONFIG NAME``: keyed by NAME, the gateway as ``gateway``); each sample is one JSON line
-``{"t", "health_ms", "status", "late_ms", "rss_mb": {name: MB}}``, ``late_ms`` being how
-much later than its schedule the probe itself woke to ask (the machine's scheduling
-pressure on the instrument: a late probe measures nothing of the gateway). On SIGTERM
-or SIGINT it stops and prints a summary (JSON): samples, health latency p50/p99/max and
-how many answers were not 200 or took over 100 ms, the probe's own lateness p99/max,
-each process's peak RSS and its RSS slope (MB per minute, least squares). ``--nice
--10`` runs the probe at the gateway's priority (root), so that a benchmark client's
-processes on the same cores delay the probe no more than the gateway. Run it beside a benchmark client inside a ``testbed serve``
+``{"t", "health_ms", "status", "connect_ms", "late_ms", "rss_mb": {name: MB}}``:
+``connect_ms`` until the TCP connection was up (the kernels do that alone, before the
+server is involved), ``late_ms`` how much later than its schedule the probe itself
+woke to ask (the machine's scheduling pressure on the instrument). On SIGTERM or
+SIGINT it stops and prints a summary (JSON): samples, health latency p50/p99/max, how
+many answers were not 200 or took over 100 ms and of those how many had a connect over
+50 ms, the probe's own lateness p99/max, each process's peak RSS and its RSS slope (MB
+per minute, least squares). ``--nice -10`` runs the probe at the gateway's priority
+(root), so that a benchmark client's processes on the same cores delay the probe no
+more than the gateway. Run it beside a benchmark client inside a ``testbed serve``
 (docs/robustness.md, "Overload"):
 
     testbed serve topologies/two-dc.yaml --mode pdd --out runs/overload -- sh -c \\
@@ -24,13 +26,13 @@ processes on the same cores delay the probe no more than the gateway. Run it bes
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import signal
 import sys
 import time
-import urllib.error
-import urllib.request
+import urllib.parse
 from pathlib import Path
 
 from testbed.histogram import percentile, slope_per_min
@@ -56,21 +58,34 @@ def role_processes() -> dict[str, int]:
     return out
 
 
-def probe_health(url: str) -> tuple[float, int | str]:
+def probe_health(url: str) -> tuple[float, int | str, float | None]:
+    """One GET on a fresh connection: (ms in all, status or the error's name, ms until the
+    TCP connection was up). The connection is made by the kernels alone (SYN, SYN-ACK,
+    ACK: the server process is not involved until it accepts), so a slow connect is the
+    machine's packet processing, and the rest of the time is the server's and the
+    answer's way back."""
+    parts = urllib.parse.urlsplit(url)
     t = time.monotonic()
+    connect_ms = None
+    conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=5)
     try:
-        with urllib.request.urlopen(url, timeout=5) as resp:
-            status: int | str = resp.status
-    except urllib.error.HTTPError as err:
-        status = err.code
-    except (OSError, ValueError) as err:
+        conn.connect()
+        connect_ms = round((time.monotonic() - t) * 1e3, 2)
+        conn.request("GET", parts.path or "/")
+        resp = conn.getresponse()
+        resp.read()
+        status: int | str = resp.status
+    except (OSError, ValueError, http.client.HTTPException) as err:
         status = type(err).__name__
-    return round((time.monotonic() - t) * 1e3, 2), status
+    finally:
+        conn.close()
+    return round((time.monotonic() - t) * 1e3, 2), status, connect_ms
 
 
 def summarize(samples: list[dict]) -> dict:
     lat = [s["health_ms"] for s in samples]
     late = [s["late_ms"] for s in samples if s.get("late_ms") is not None]
+    slow = [s for s in samples if s["health_ms"] > 100]
     series: dict[str, list[tuple[float, float]]] = {}
     for s in samples:
         for name, mb in s["rss_mb"].items():
@@ -80,7 +95,10 @@ def summarize(samples: list[dict]) -> dict:
             "health_ms": {"p50": percentile(lat, 50), "p99": percentile(lat, 99),
                           "max": max(lat, default=None)},
             "health_not_200": sum(1 for s in samples if s["status"] != 200),
-            "health_over_100ms": sum(1 for x in lat if x > 100),
+            "health_over_100ms": len(slow),
+            # of those, how many were slow before the server was involved (the connect)
+            "health_over_100ms_connect_over_50ms": sum(
+                1 for s in slow if (s.get("connect_ms") or 0) > 50),
             "probe_late_ms": {"p99": percentile(late, 99), "max": max(late, default=None)},
             "rss_peak_mb": {n: max(v for _, v in pts) for n, pts in sorted(series.items())},
             "rss_slope_mb_per_min": {n: slope_per_min(pts) for n, pts in sorted(series.items())}}
@@ -106,9 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     with open(args.out, "w") as out:
         while not stop:
             late_ms = round(max(0.0, time.monotonic() - due) * 1e3, 2)
-            ms, status = probe_health(url)
+            ms, status, connect_ms = probe_health(url)
             s = {"t": round(time.monotonic() - t0, 3), "health_ms": ms, "status": status,
-                 "late_ms": late_ms,
+                 "connect_ms": connect_ms, "late_ms": late_ms,
                  "rss_mb": {n: rss_mb(pid) for n, pid in sorted(procs.items())}}
             samples.append(s)
             out.write(json.dumps(s) + "\n")
