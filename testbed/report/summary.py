@@ -3,7 +3,9 @@
 Owns BASELINE_MODE, ``summarize``, ``comparison_plan`` and ``summary_json``.
 The keys and their order are docs/run-directory.md's contract; metrics come
 from ``testbed.report.metrics``, expectation results from
-``testbed.report.expectations``. Pure: the caller writes the file.
+``testbed.report.expectations``. Besides the loaded run it reads only the
+mode folders' own files (verify.json, workload.jsonl, the roles' stats: the
+fidelity verdict and ``resources``); the caller writes summary.json.
 
 Comparisons: every mode against the baseline (the scenario's ``baseline``
 if it names a mode that ran, else ``cross-dc-pd`` if it ran, else the first
