@@ -685,8 +685,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="chaos: the kill comes at a uniform moment in [0.5, this] s")
     p.add_argument("--engine", choices=("torch", "hash"), default=None,
                    help="soak: the roles' compute engine (default: the scenario's)")
-    p.add_argument("--kill", default="alternate", choices=("alternate", "runner", "role",
-                   "prefill", "relay_decode", "main_decode", "router"),
+    from testbed.scenario.chaos import KILL_TARGETS
+
+    p.add_argument("--kill", default="alternate", choices=KILL_TARGETS,
                    help="chaos: what each cycle kills (alternate: the runner in even cycles, "
                    "a random role in odd ones)")
     p.set_defaults(func=cmd_bench)

@@ -119,10 +119,11 @@ def summarize(run: RunData) -> dict:
                                       "relay_threshold_s", PDD_DEFAULTS.relay_threshold_s)),
                                   resources[m.name])
              for m in run.modes}
-    for name, m in modes.items():  # nominal bytes are counts
+    for mode in run.modes:  # nominal bytes are counts
+        m = modes[mode.name]
         m["wan_bytes"], m["intra_dc_bytes"] = round(m["wan_bytes"]), round(m["intra_dc_bytes"])
-        m.update(verification(run, name))
-        m.update(unrecorded(run, next(x for x in run.modes if x.name == name)))
+        m.update(verification(run, mode.name))
+        m.update(unrecorded(run, mode))
     metrics, pairs = comparison_plan(run)
     records = {m.name: m.requests for m in run.modes}
     paired = {(a, b): paired_metrics(records[a], records[b]) for a, b in pairs
