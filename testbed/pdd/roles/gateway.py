@@ -16,14 +16,20 @@ serves, on aiohttp:
 
 Errors are OpenAI-style bodies (``testbed.errors.ApiError``): 400 for a bad
 body, 404 for an unknown model or path, 405, 413 for a body over 4 MiB,
-429 with ``Retry-After`` when ``client.max_open_requests`` requests are open
-(answered at once, before the router sees it: admission, so a flood queues
-nowhere) or a role refused it as overloaded (ERROR OVERLOADED) before its
-first token, 503 when the router is unreachable or a role failed before the
-first token, 504 on the request timeout. A request refused by the limit is
-answered before its body is read (a flood of them costs the gateway little)
-and recorded too (``failed``, its reason, ``gateway.http_status`` 429, no
-prompt: it was never read). A failure after the first streamed token is a
+429 with ``Retry-After`` when admission refuses it or a role refused it as
+overloaded (ERROR OVERLOADED) before its first token, 503 when the router is
+unreachable or a role failed before the first token, 504 on the request
+timeout. Admission (``admission.py``) happens before the body is read:
+``client.max_open_requests`` requests are open at once; the next ones wait,
+first come first admitted, up to ``client.max_queued_requests`` of them for
+up to ``client.queue_timeout_s`` each (their bodies are neither parsed nor
+tokenized; aiohttp buffers at most ~128 KiB of one, twice its 64 KiB read
+limit, and leaves the rest in the socket), and one beyond the queue, or whose wait ran out, is answered 429. A refused
+request is recorded too (``failed``, its reason, ``gateway.http_status``
+429, no prompt: it was never read), as is one whose client left while it
+was queued; an admitted one's record says how long it was queued
+(``gateway.queued_s``; its TTFT counts from arrival, the wait included).
+A failure after the first streamed token is a
 ``data: {"error": ...}`` event and the stream ends without ``[DONE]``.
 The HTTP headers of a stream are sent with its first token, so a failure
 before it still gets its status code. A stream writes a token only when its
@@ -71,6 +77,7 @@ from aiohttp import web
 
 from testbed.errors import ApiError, SpecError, TestbedError
 from testbed.pdd.roles import openai_api as api
+from testbed.pdd.roles.admission import Admission, Overloaded
 from testbed.pdd.run.config import ClusterConfig, load_config
 from testbed.pdd.run.probe import RoleProbe
 from testbed.pdd.run.sched import prefer_latency
@@ -131,7 +138,11 @@ class Gateway:
                                  int(time.time()))
         self._tok = tokenizer
         self._pieces = decode_one_each(tokenizer, range(cfg.model.vocab_size))
-        self.max_open = cfg.client.max_open_requests or cfg.limits.max_requests
+        c = cfg.client
+        self.max_open = c.max_open_requests or cfg.limits.max_requests
+        self.admission = Admission(self.max_open, c.max_queued_requests or self.max_open,
+                                   c.queue_timeout_s)
+        self.stopping = False  # set before the handlers are cancelled at shutdown
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[_errors], client_max_size=MAX_BODY_BYTES)
@@ -171,16 +182,30 @@ class Gateway:
 
     async def _generate(self, request: web.Request, parse, what: str) -> web.StreamResponse:
         t_received = time.monotonic()
-        if (n := self.link.open_requests) >= self.max_open:  # before the body: a flood of
-            why = f"{n} requests open (client.max_open_requests {self.max_open})"  # refusals
-            self.link.refuse((), 0, None, {"api": what, "stream": None, "ttft_http_s": None,
-                                           "http_status": 429,
-                                           "x_request_id": request_id(request)},
-                             t_received, f"refused by the gateway: {why}")  # costs little
-            raise self._overloaded(why)
+        refused = {"api": what, "stream": None, "ttft_http_s": None, "http_status": 429,
+                   "x_request_id": request_id(request)}
+        try:  # before the body is read: a queued or refused request costs its socket only
+            queued_s = await self.admission.enter()
+        except Overloaded as err:
+            self.link.refuse((), 0, None, refused, t_received, f"refused by the gateway: {err}")
+            raise self._overloaded(str(err))
+        except asyncio.CancelledError:
+            why = "the gateway stopped" if self.stopping else "the client disconnected"
+            self.link.refuse((), 0, None, dict(refused, http_status=None,
+                                                client_disconnected=not self.stopping),
+                             t_received, f"{why} while queued for admission")
+            raise
+        try:
+            return await self._admitted(request, parse, what, t_received, queued_s)
+        finally:
+            self.admission.leave()
+
+    async def _admitted(self, request: web.Request, parse, what: str, t_received: float,
+                        queued_s: float) -> web.StreamResponse:
         gen = parse(await self._body(request), self.served, lambda t: encode(self._tok, t))
         info = {"api": what, "stream": gen.stream, "ttft_http_s": None, "http_status": None,
-                "x_request_id": request_id(request), "tokens_written": 0}
+                "x_request_id": request_id(request), "tokens_written": 0,
+                "queued_s": round(queued_s, 6)}
         live = await self.link.open(gen.prompt_ids, gen.max_tokens, gen.session, info,
                                     t_received)
         info = live.info
@@ -270,7 +295,8 @@ async def serve(cfg: ClusterConfig, name: str, host: str, port: int, out: str,
     """Run the gateway until SIGTERM/SIGINT (see the module docstring)."""
     tok = load_tokenizer(tokenizer_path, cfg.model.vocab_size)
     link = RouterLink(cfg, name, TcpTransport(), out)
-    runner = web.AppRunner(Gateway(cfg, link, tok, model).app(), handler_cancellation=True,
+    gateway = Gateway(cfg, link, tok, model)
+    runner = web.AppRunner(gateway.app(), handler_cancellation=True,
                            access_log=None)
     gc.freeze()
     # fewer, larger young collections: a full collection over ~1000 open streams' objects
@@ -295,6 +321,7 @@ async def serve(cfg: ClusterConfig, name: str, host: str, port: int, out: str,
     finally:
         if probe is not None:
             await probe.stop()
+        gateway.stopping = True
         await runner.cleanup()
         await link.close()
 

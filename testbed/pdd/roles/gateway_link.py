@@ -78,7 +78,6 @@ class RouterLink:
         self._rids = itertools.count(1)
         self._ids = itertools.count(0)  # the record's id (the HTTP response's cmpl-N)
         self.live: dict[int, Live] = {}
-        self.open_requests = 0  # opened and not yet finished by the HTTP side
         self._recording: dict[int, asyncio.Task] = {}
         self._t0 = time.monotonic()
 
@@ -120,7 +119,6 @@ class RouterLink:
         req = ClientRequest(seq, round(t_received - self._t0, 6), prompt, max_out, session)
         live = Live(rid, RequestTrace(req), dict(info, id=f"cmpl-{seq}"), t_received)
         self.live[rid] = live
-        self.open_requests += 1
         live.trace.t_sent = time.monotonic()
         conn = self._conn
         try:
@@ -166,7 +164,6 @@ class RouterLink:
     def finish(self, live: Live, reason: str = "client disconnected") -> None:
         """The HTTP side is done with ``live``: CANCEL it if still open, then record it
         once its REPORTs are in."""
-        self.open_requests -= 1
         self.abandon(live, reason)
         task = asyncio.get_running_loop().create_task(self._record_when_reported(live))
         self._recording[live.rid] = task

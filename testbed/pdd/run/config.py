@@ -205,6 +205,14 @@ class ClientConfig:
                                 "Retry-After before it reaches the router. 0: auto, the "
                                 "router's limits.max_requests (beyond which the router "
                                 "refuses anyway)", lo=0)
+    max_queued_requests: int = _f(0, "the OpenAI gateway: requests that may wait, first "
+                                  "come first admitted, for one of max_open_requests' slots "
+                                  "(their bodies not yet parsed); one beyond is "
+                                  "answered 429 at once. 0: auto, as many as "
+                                  "max_open_requests", lo=0)
+    queue_timeout_s: float = _f(10.0, "the OpenAI gateway: a queued request not admitted "
+                                "within this is answered 429; 0: no queue, a request beyond "
+                                "max_open_requests is answered 429 at once", lo=0.0)
     retry_after_s: float = _f(1.0, "the OpenAI gateway: the Retry-After of a 429", lo=0.0)
 
 
