@@ -99,11 +99,12 @@ def test_a_full_queue_refuses_at_once_and_says_so():
 
 def test_a_wait_that_runs_out_is_refused_and_holds_nothing():
     async def main():
-        adm = Admission(1, 4, 0.05)
+        adm = Admission(1, 4, 0.1)
         await adm.enter()
         loop = asyncio.get_running_loop()
         t0 = loop.time()
-        with pytest.raises(Overloaded, match=r"waited 0.05 s in the admission queue"):
+        with pytest.raises(Overloaded, match=r"waited 0\.\d\d s in the admission queue "
+                                             r"\(client.queue_timeout_s 0.1,"):
             await adm.enter()
         assert loop.time() - t0 >= 0.05
         assert adm.queued == 0 and adm.open == 1
@@ -198,3 +199,28 @@ def test_random_load_never_overfills_and_leaks_nothing(seed):
 def test_bad_bounds_are_refused():
     with pytest.raises(ValueError, match="limit >= 1"):
         Admission(0, 1, 1.0)
+
+
+def test_waits_are_drawn_between_half_the_timeout_and_it_so_a_crowd_is_not_refused_at_once():
+    async def main():
+        adm = Admission(1, 200, 0.4, rng=random.Random(7))
+        await adm.enter()
+        loop = asyncio.get_running_loop()
+        drawn = []
+        real = loop.call_later
+
+        def call_later(delay, cb, *args):  # the wait each waiter was given
+            drawn.append(delay)
+            return real(delay, cb, *args)
+
+        loop.call_later = call_later
+        results = await asyncio.gather(*(adm.enter() for _ in range(200)),
+                                       return_exceptions=True)
+        assert all(isinstance(r, Overloaded) for r in results)  # the slot stayed held
+        assert len(drawn) == 200 and all(0.2 <= d <= 0.4 for d in drawn)
+        # spread over the interval, not bunched: each fifth of it holds 10-30 % of them
+        fifths = [sum(0.2 + 0.04 * k <= d < 0.2 + 0.04 * (k + 1) for d in drawn)
+                  for k in range(5)]
+        assert all(20 <= n <= 60 for n in fifths), fifths
+        assert adm.queued == 0 and adm.open == 1
+    run(main())

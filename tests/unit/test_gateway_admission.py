@@ -94,10 +94,11 @@ def test_beyond_the_queue_429_at_once_a_wait_that_runs_out_429_after_it(gw):
     assert body["error"]["code"] == "overloaded"
     assert ("2 requests open (client.max_open_requests 2), 1 queued "
             "(client.max_queued_requests 1)") in body["error"]["message"]
-    assert refused_in < QUEUE_S  # not queued: the queue was full
+    assert refused_in < QUEUE_S / 2  # not queued: the queue was full
     q_status, _, q_body = queued_out["result"]
-    assert q_status == 429 and "waited 2 s in the admission queue" in q_body["error"]["message"]
-    assert queued_out["seconds"] >= QUEUE_S
+    assert q_status == 429 and "s in the admission queue (client.queue_timeout_s 2," in (
+        q_body["error"]["message"])
+    assert queued_out["seconds"] >= QUEUE_S / 2  # its wait was drawn from [1 s, 2 s]
     assert health == 200 and [o["result"][0] for _, o in longs] == [200, 200]
     assert _request(gw, "/v1/completions", SHORT)[0] == 200  # room again
     time.sleep(1.5)  # the records follow the REPORTs

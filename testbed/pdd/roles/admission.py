@@ -2,7 +2,10 @@
 
 At most ``limit`` requests are admitted (open) at once. One that arrives while
 all are taken waits in a first-come-first-admitted queue of at most ``queue``
-requests for at most ``wait_s`` seconds; a slot that frees passes straight to
+requests for at most ``wait_s`` seconds (each waiter's own limit is drawn
+uniformly from [wait_s / 2, wait_s]: a crowd that arrived together, as a
+benchmark's clients do when it starts, is then not refused together, and
+the re-sends of those that were are spread too); a slot that frees passes straight to
 the queue's head (nobody overtakes a waiter). A request beyond the queue, or
 one whose wait ran out, is refused (``Overloaded``, which the gateway answers
 429 with Retry-After). ``wait_s`` 0 or ``queue`` 0: no queue, the request
@@ -13,7 +16,10 @@ ones re-send a refused request at once, ignoring Retry-After, so a limit that
 refuses at once turns every client beyond it into a loop of HTTP exchanges
 as fast as the gateway answers (measured: ~660 refusals a second at
 concurrency 1024, the gateway's event loop lagging up to 150 ms behind
-them). A waiting request costs a future and a timer, no CPU; the queue's
+them; with a fixed wait, the 512 waiters a concurrency-1024 run queues at its
+start were all refused within a second, 10 s later, and re-sent at once,
+and the loop lagged 369 ms behind that crowd). A waiting request costs a
+future and a timer, no CPU; the queue's
 bounds say how much it may hold and for how long (HAProxy's ``maxconn`` with
 ``timeout queue`` is the same design).
 
@@ -23,6 +29,7 @@ Pure asyncio, one event loop; tests/unit/test_admission.py.
 from __future__ import annotations
 
 import asyncio
+import random
 from collections import deque
 
 
@@ -34,7 +41,8 @@ class Admission:
     """See the module docstring. ``enter`` before the request is read, ``leave`` (exactly
     once per successful ``enter``) when it is over."""
 
-    def __init__(self, limit: int, queue: int, wait_s: float):
+    def __init__(self, limit: int, queue: int, wait_s: float,
+                 rng: random.Random | None = None):
         if limit < 1 or queue < 0 or wait_s < 0:
             raise ValueError(f"admission needs limit >= 1, queue >= 0, wait_s >= 0; got "
                              f"{limit}, {queue}, {wait_s}")
@@ -43,6 +51,7 @@ class Admission:
         self.queued = 0  # waiting now
         self.peak_queued = 0
         self._waiters: deque[asyncio.Future] = deque()  # may hold ended ones (skipped)
+        self._rng = rng or random.Random()
 
     @property
     def queues(self) -> bool:
@@ -69,7 +78,8 @@ class Admission:
         self.queued += 1
         self.peak_queued = max(self.peak_queued, self.queued)
         t0 = loop.time()
-        timer = loop.call_later(self.wait_s, self._expire, fut)
+        timer = loop.call_later(self.wait_s * (0.5 + 0.5 * self._rng.random()),
+                                self._expire, fut)
         try:
             admitted = await fut
         except asyncio.CancelledError:
@@ -82,9 +92,10 @@ class Admission:
         finally:
             timer.cancel()
         if not admitted:
-            raise Overloaded(f"waited {self.wait_s:g} s in the admission queue "
-                             f"(client.queue_timeout_s) for one of "
-                             f"{self.limit} slots (client.max_open_requests)")
+            raise Overloaded(f"waited {loop.time() - t0:.2f} s in the admission queue "
+                             f"(client.queue_timeout_s {self.wait_s:g}, each wait drawn from "
+                             f"its half to it) for one of {self.limit} slots "
+                             f"(client.max_open_requests)")
         return loop.time() - t0
 
     def _expire(self, fut: asyncio.Future) -> None:

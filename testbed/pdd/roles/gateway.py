@@ -20,9 +20,11 @@ body, 404 for an unknown model or path, 405, 413 for a body over 4 MiB,
 overloaded (ERROR OVERLOADED) before its first token, 503 when the router is
 unreachable or a role failed before the first token, 504 on the request
 timeout. Admission (``admission.py``) happens before the body is read:
-``client.max_open_requests`` requests are open at once; the next ones wait,
+``client.max_open_requests`` requests are open at once (a request's slot is
+freed when its record is written, once the roles' REPORTs say they let it
+go, so the roles never hold more than the gateway admitted); the next ones wait,
 first come first admitted, up to ``client.max_queued_requests`` of them for
-up to ``client.queue_timeout_s`` each (their bodies are neither parsed nor
+up to ``client.queue_timeout_s`` each (each wait drawn from half that to it) (their bodies are neither parsed nor
 tokenized; aiohttp buffers at most ~128 KiB of one, twice its 64 KiB read
 limit, and leaves the rest in the socket), and one beyond the queue, or whose wait ran out, is answered 429. A refused
 request is recorded too (``failed``, its reason, ``gateway.http_status``
@@ -196,18 +198,21 @@ class Gateway:
                              t_received, f"{why} while queued for admission")
             raise
         try:
-            return await self._admitted(request, parse, what, t_received, queued_s)
-        finally:
+            gen = parse(await self._body(request), self.served, lambda t: encode(self._tok, t))
+            info = {"api": what, "stream": gen.stream, "ttft_http_s": None, "http_status": None,
+                    "x_request_id": request_id(request), "tokens_written": 0,
+                    "queued_s": round(queued_s, 6)}
+            live = await self.link.open(gen.prompt_ids, gen.max_tokens, gen.session, info,
+                                        t_received)
+        except BaseException:  # a bad body, the router unreachable, the client gone
             self.admission.leave()
+            raise
+        return await self._admitted(request, gen, live)
 
-    async def _admitted(self, request: web.Request, parse, what: str, t_received: float,
-                        queued_s: float) -> web.StreamResponse:
-        gen = parse(await self._body(request), self.served, lambda t: encode(self._tok, t))
-        info = {"api": what, "stream": gen.stream, "ttft_http_s": None, "http_status": None,
-                "x_request_id": request_id(request), "tokens_written": 0,
-                "queued_s": round(queued_s, 6)}
-        live = await self.link.open(gen.prompt_ids, gen.max_tokens, gen.session, info,
-                                    t_received)
+    async def _admitted(self, request: web.Request, gen: api.Generate,
+                        live: Live) -> web.StreamResponse:
+        """Serve an admitted request sent to the router; its slot is freed when its record
+        is written, once the roles' REPORTs say they let it go."""
         info = live.info
         deadline = asyncio.get_running_loop().time() + self.cfg.client.request_timeout_s
         try:
@@ -224,7 +229,7 @@ class Gateway:
             info["client_disconnected"] = True
             raise
         finally:  # a cancelled handler (client gone) lands here too
-            self.link.finish(live)
+            self.link.finish(live, on_written=self.admission.leave)
 
     def _failure(self, live: Live) -> ApiError | None:
         """Why ``live`` ended without all its tokens, as an HTTP error; None if it did not."""

@@ -28,6 +28,7 @@ import itertools
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,6 +52,7 @@ class Live:
     t_received: float  # time.monotonic() when the HTTP request arrived
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     next_pos: int = 0  # first position not yet handed to the HTTP side
+    on_written: Callable[[], None] | None = None  # called once, when its record is written
 
     @property
     def over(self) -> bool:
@@ -161,9 +163,13 @@ class RouterLink:
         except (ConnectionClosed, ProtocolError):
             pass
 
-    def finish(self, live: Live, reason: str = "client disconnected") -> None:
+    def finish(self, live: Live, reason: str = "client disconnected",
+               on_written: Callable[[], None] | None = None) -> None:
         """The HTTP side is done with ``live``: CANCEL it if still open, then record it
-        once its REPORTs are in."""
+        once its REPORTs are in (the roles have let it go: the gateway's admission slot
+        is freed by ``on_written`` then, so that the roles never hold more requests than
+        it admits), or report_grace_s later."""
+        live.on_written = on_written
         self.abandon(live, reason)
         task = asyncio.get_running_loop().create_task(self._record_when_reported(live))
         self._recording[live.rid] = task
@@ -188,6 +194,8 @@ class RouterLink:
             return  # already written
         self._recording.pop(live.rid, None)
         self._append(live.trace, live.info)
+        if live.on_written is not None:
+            live.on_written()
 
     def _append(self, trace: RequestTrace, info: dict) -> None:
         """One line of the records file: the request's record with the gateway's info."""

@@ -200,9 +200,12 @@ class ClientConfig:
                                   lo=0.0)
     report_grace_s: float = _f(2.0, "after the last request ends, wait this long for REPORTs",
                                lo=0.0)
-    max_open_requests: int = _f(0, "the OpenAI gateway: requests it keeps open at once (sent "
-                                "to the router, not ended); one beyond is answered 429 with "
-                                "Retry-After before it reaches the router. 0: auto, the "
+    max_open_requests: int = _f(0, "the OpenAI gateway: requests it keeps open at once (from "
+                                "admission until the roles' REPORTs say they let it go); "
+                                "the next ones queue (max_queued_requests), and are "
+                                "answered 429 with Retry-After before they reach the "
+                                "router when the queue is full or their wait ran out. "
+                                "0: auto, the "
                                 "router's limits.max_requests (beyond which the router "
                                 "refuses anyway)", lo=0)
     max_queued_requests: int = _f(0, "the OpenAI gateway: requests that may wait, first "
@@ -211,7 +214,9 @@ class ClientConfig:
                                   "answered 429 at once. 0: auto, as many as "
                                   "max_open_requests", lo=0)
     queue_timeout_s: float = _f(10.0, "the OpenAI gateway: a queued request not admitted "
-                                "within this is answered 429; 0: no queue, a request beyond "
+                                "within its wait, drawn uniformly from [this / 2, this] "
+                                "(a crowd that came together is not refused together), is "
+                                "answered 429; 0: no queue, a request beyond "
                                 "max_open_requests is answered 429 at once", lo=0.0)
     retry_after_s: float = _f(1.0, "the OpenAI gateway: the Retry-After of a 429", lo=0.0)
 
