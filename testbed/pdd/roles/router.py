@@ -513,9 +513,7 @@ class RouterNode(RoleServer):
             r.delivered[msg.start_position:] = msg.token_ids
             await r.client.send(r.client_rid, msg)
         elif isinstance(msg, Done):
-            await r.client.send(r.client_rid, Done(msg.num_output_tokens + r.offset,
-                                                   msg.finish_reason))
-            await self._end(r, None)
+            await self._end(r, None, Done(msg.num_output_tokens + r.offset, msg.finish_reason))
         elif isinstance(msg, Error) and peer.role == Role.RELAY_DECODE:
             # RLD's answer to "md lost": it had already sent its final batch and freed it
             await self._reserve(r, Role.MAIN_DECODE, f"MAIN_DECODE lost after the final "
@@ -539,9 +537,9 @@ class RouterNode(RoleServer):
             self._transfer_over(r.rid)  # the transfer ended (KV at MD, or cancelled)
             if "kv_transfer_s" in msg.data:
                 self._md_has_kv(r)
-        await r.client.send(r.client_rid, msg)
         if r.terminal and r.reports >= set(r.names):
-            self._forget(r)
+            self._forget(r)  # before the client has its last REPORT (see _end)
+        await r.client.send(r.client_rid, msg)
 
     async def _path_failed(self, r: Routed, role: Role, why: str) -> None:
         if r.terminal:
@@ -579,8 +577,7 @@ class RouterNode(RoleServer):
             return
         req, d = r.request, len(r.delivered)
         if req is not None and d >= req.max_output_tokens:  # only DONE was lost
-            await r.client.send(r.client_rid, Done(d, FinishReason.LENGTH))
-            await self._end(r, None)
+            await self._end(r, None, Done(d, FinishReason.LENGTH))
             return
         target, pipeline, cannot = self._reserve_target(r, lost)
         if cannot is not None:
@@ -682,27 +679,34 @@ class RouterNode(RoleServer):
             log.info("%s is back: routing to it again", name)
             return
 
-    async def _end(self, r: Routed, failure: str | None) -> None:
-        """The request is over (DONE forwarded, client CANCEL, or ``failure``)."""
+    async def _end(self, r: Routed, failure: str | None, done: Done | None = None) -> None:
+        """The request is over: MD's DONE (``done``, forwarded to the client), the
+        client's CANCEL or its loss (neither), or ``failure`` (an ERROR to the client).
+        A request whose REPORTs are all in is forgotten before the client hears the end:
+        a client that sends its next request as soon as it has this one's DONE and
+        REPORTs (the gateway's admission frees the slot then) must not find this one
+        still counted against limits.max_requests while the sends below wait."""
         if r.terminal:
             return
         r.terminal = True
-        if failure is not None:
-            await r.client.send(r.client_rid, Error(ErrorCode.UNAVAILABLE, failure))
         # A relayed request that RLD finished before MD had its KV: let the WAN
         # transfer complete so MD's DRC still gets the prefix (DRC stays aligned
         # with P's cache); RLD cancels MD when MD reports KV_READY.
         keep_wan = failure is None and r.pipeline == Pipeline.P_RLD_MD and not r.md_emitted
-        for role, name in r.names.items():
-            if keep_wan and role in (Role.PREFILL, Role.MAIN_DECODE):
-                continue
-            if role == Role.MAIN_DECODE:
-                self._transfer_over(r.rid)
+        cancel = [name for role, name in r.names.items()
+                  if not (keep_wan and role in (Role.PREFILL, Role.MAIN_DECODE))]
+        if Role.MAIN_DECODE in r.names and not keep_wan:
+            self._transfer_over(r.rid)
+        if r.reports >= set(r.names):
+            self._forget(r)
+        if failure is not None:
+            await r.client.send(r.client_rid, Error(ErrorCode.UNAVAILABLE, failure))
+        elif done is not None:
+            await r.client.send(r.client_rid, done)
+        for name in cancel:
             peer = await self.peer_if_live(name)
             if peer is not None:
                 await peer.send(r.rid, Cancel())
-        if r.reports >= set(r.names):
-            self._forget(r)
 
     def _forget(self, r: Routed) -> None:
         self.requests.pop(r.rid, None)
