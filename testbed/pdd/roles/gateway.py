@@ -21,8 +21,10 @@ overloaded (ERROR OVERLOADED) before its first token, 503 when the router is
 unreachable or a role failed before the first token, 504 on the request
 timeout. Admission (``admission.py``) happens before the body is read:
 ``client.max_open_requests`` requests are open at once (a request's slot is
-freed when its record is written, once the roles' REPORTs say they let it
-go, so the roles never hold more than the gateway admitted); the next ones wait,
+freed once every role's REPORT is in, i.e. the router let it go, so the
+router never holds more than the gateway admitted; a relayed request's WAN
+transfer may go on after its DONE; at the latest ``request_timeout_s`` after
+its record); the next ones wait,
 first come first admitted, up to ``client.max_queued_requests`` of them for
 up to ``client.queue_timeout_s`` each (each wait drawn from half that to it) (their bodies are neither parsed nor
 tokenized; aiohttp buffers at most ~128 KiB of one, twice its 64 KiB read
@@ -211,8 +213,8 @@ class Gateway:
 
     async def _admitted(self, request: web.Request, gen: api.Generate,
                         live: Live) -> web.StreamResponse:
-        """Serve an admitted request sent to the router; its slot is freed when its record
-        is written, once the roles' REPORTs say they let it go."""
+        """Serve an admitted request sent to the router; its slot is freed once the
+        roles' REPORTs say they let it go (``RouterLink.finish``)."""
         info = live.info
         deadline = asyncio.get_running_loop().time() + self.cfg.client.request_timeout_s
         try:
@@ -229,7 +231,7 @@ class Gateway:
             info["client_disconnected"] = True
             raise
         finally:  # a cancelled handler (client gone) lands here too
-            self.link.finish(live, on_written=self.admission.leave)
+            self.link.finish(live, on_released=self.admission.leave)
 
     def _failure(self, live: Live) -> ApiError | None:
         """Why ``live`` ended without all its tokens, as an HTTP error; None if it did not."""

@@ -52,7 +52,7 @@ class Live:
     t_received: float  # time.monotonic() when the HTTP request arrived
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     next_pos: int = 0  # first position not yet handed to the HTTP side
-    on_written: Callable[[], None] | None = None  # called once, when its record is written
+    on_released: Callable[[], None] | None = None  # called once: the roles let it go
 
     @property
     def over(self) -> bool:
@@ -81,6 +81,9 @@ class RouterLink:
         self._ids = itertools.count(0)  # the record's id (the HTTP response's cmpl-N)
         self.live: dict[int, Live] = {}
         self._recording: dict[int, asyncio.Task] = {}
+        # recorded at the grace but some REPORT still out (a relayed request's WAN
+        # transfer goes on after DONE): the router still holds it; released when it is in
+        self._unreleased: dict[int, Live] = {}
         self._t0 = time.monotonic()
 
     @property
@@ -164,12 +167,15 @@ class RouterLink:
             pass
 
     def finish(self, live: Live, reason: str = "client disconnected",
-               on_written: Callable[[], None] | None = None) -> None:
+               on_released: Callable[[], None] | None = None) -> None:
         """The HTTP side is done with ``live``: CANCEL it if still open, then record it
-        once its REPORTs are in (the roles have let it go: the gateway's admission slot
-        is freed by ``on_written`` then, so that the roles never hold more requests than
-        it admits), or report_grace_s later."""
-        live.on_written = on_written
+        once its REPORTs are in, or report_grace_s later. ``on_released`` is called once
+        every REPORT is in (the router has let the request go: the gateway's admission
+        slot is freed then, so that the router never holds more requests than the
+        gateway admitted), at the latest request_timeout_s after the record (a REPORT
+        that never comes holds no slot for ever), or when the router connection is
+        lost or the link closes."""
+        live.on_released = on_released
         self.abandon(live, reason)
         task = asyncio.get_running_loop().create_task(self._record_when_reported(live))
         self._recording[live.rid] = task
@@ -182,6 +188,21 @@ class RouterLink:
         except asyncio.TimeoutError:
             pass
         self._write(live)
+        if not tr.reports_complete and live.on_released is not None:
+            self._unreleased[live.rid] = live
+            try:
+                await asyncio.wait_for(self._until(live, lambda: tr.reports_complete),
+                                       self.cfg.client.request_timeout_s)
+            except asyncio.TimeoutError:
+                pass
+        self._release(live)
+
+    def _release(self, live: Live) -> None:
+        self._unreleased.pop(live.rid, None)
+        self._recording.pop(live.rid, None)
+        callback, live.on_released = live.on_released, None
+        if callback is not None:
+            callback()
 
     @staticmethod
     async def _until(live: Live, cond) -> None:
@@ -192,10 +213,7 @@ class RouterLink:
     def _write(self, live: Live) -> None:
         if self.live.pop(live.rid, None) is None:
             return  # already written
-        self._recording.pop(live.rid, None)
         self._append(live.trace, live.info)
-        if live.on_written is not None:
-            live.on_written()
 
     def _append(self, trace: RequestTrace, info: dict) -> None:
         """One line of the records file: the request's record with the gateway's info."""
@@ -215,7 +233,8 @@ class RouterLink:
         try:
             while True:
                 frame = await conn.recv()
-                live = self.live.get(frame.request_id)
+                live = self.live.get(frame.request_id) or \
+                    self._unreleased.get(frame.request_id)
                 if live is not None:
                     self._on_frame(live, frame.message)
                     live.changed.set()
@@ -225,6 +244,8 @@ class RouterLink:
             for live in list(self.live.values()):
                 live.trace.fail(f"router connection lost: {err}")
                 live.changed.set()
+            for live in list(self._unreleased.values()):  # their REPORTs will not come
+                self._release(live)
 
     @staticmethod
     def _on_frame(live: Live, msg) -> None:
@@ -240,6 +261,9 @@ class RouterLink:
             task.cancel()
         for live in list(self.live.values()):
             self._write(live)
+            self._release(live)
+        for live in list(self._unreleased.values()):
+            self._release(live)
         if self._conn is not None:
             self._conn.close()
             self._conn = None
