@@ -20,15 +20,16 @@ body, 404 for an unknown model or path, 405, 413 for a body over 4 MiB,
 overloaded (ERROR OVERLOADED) before its first token, 503 when the router is
 unreachable or a role failed before the first token, 504 on the request
 timeout. Admission (``admission.py``) happens before the body is read:
-``client.max_open_requests`` requests are open at once (a request's slot is
-freed once every role's REPORT is in, i.e. the router let it go, so the
-router never holds more than the gateway admitted; a relayed request's WAN
-transfer may go on after its DONE; at the latest ``request_timeout_s`` after
-its record); the next ones wait,
+``client.max_open_requests`` requests are open at once; the next ones wait,
 first come first admitted, up to ``client.max_queued_requests`` of them for
-up to ``client.queue_timeout_s`` each (each wait drawn from half that to it) (their bodies are neither parsed nor
-tokenized; aiohttp buffers at most ~128 KiB of one, twice its 64 KiB read
-limit, and leaves the rest in the socket), and one beyond the queue, or whose wait ran out, is answered 429. A refused
+up to ``client.queue_timeout_s`` each (each wait drawn from half that to
+it); one beyond the queue, or whose wait ran out, is answered 429. A queued
+request's body is neither parsed nor tokenized (aiohttp buffers at most
+~128 KiB of it, twice its 64 KiB read limit, and leaves the rest in the
+socket). A slot is freed once every role's REPORT for its request is in,
+i.e. once the router let it go (a relayed request's WAN transfer may go on
+after its DONE), so the router does not hold more than the gateway admits;
+at the latest ``request_timeout_s`` after the request's record. A refused
 request is recorded too (``failed``, its reason, ``gateway.http_status``
 429, no prompt: it was never read), as is one whose client left while it
 was queued; an admitted one's record says how long it was queued
