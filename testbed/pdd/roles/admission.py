@@ -49,7 +49,6 @@ class Admission:
         self.limit, self.queue, self.wait_s = limit, queue, wait_s
         self.open = 0  # admitted and not yet left
         self.queued = 0  # waiting now
-        self.peak_queued = 0
         self._waiters: deque[asyncio.Future] = deque()  # may hold ended ones (skipped)
         self._rng = rng or random.Random()
 
@@ -76,7 +75,6 @@ class Admission:
         fut = loop.create_future()
         self._waiters.append(fut)
         self.queued += 1
-        self.peak_queued = max(self.peak_queued, self.queued)
         t0 = loop.time()
         timer = loop.call_later(self.wait_s * (0.5 + 0.5 * self._rng.random()),
                                 self._expire, fut)

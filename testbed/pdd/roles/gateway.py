@@ -144,9 +144,8 @@ class Gateway:
         self._tok = tokenizer
         self._pieces = decode_one_each(tokenizer, range(cfg.model.vocab_size))
         c = cfg.client
-        self.max_open = c.max_open_requests or cfg.limits.max_requests
-        self.admission = Admission(self.max_open, c.max_queued_requests or self.max_open,
-                                   c.queue_timeout_s)
+        limit = c.max_open_requests or cfg.limits.max_requests
+        self.admission = Admission(limit, c.max_queued_requests or limit, c.queue_timeout_s)
         self.stopping = False  # set before the handlers are cancelled at shutdown
 
     def app(self) -> web.Application:
@@ -228,9 +227,9 @@ class Gateway:
         except ApiError as err:
             info["http_status"] = err.status
             raise
-        except asyncio.CancelledError:  # the HTTP client went away (aiohttp cancels us)
-            info["client_disconnected"] = True
-            raise
+        except (asyncio.CancelledError, ConnectionResetError):  # the HTTP client went away:
+            info["client_disconnected"] = True  # aiohttp cancels us, or a write to its
+            raise                               # closing socket fails first
         finally:  # a cancelled handler (client gone) lands here too
             self.link.finish(live, on_released=self.admission.leave)
 
