@@ -70,6 +70,19 @@ def _records(gw, n: int, timeout_s: float = 10.0) -> list[dict]:
     raise AssertionError(f"{len(lines)} records after {timeout_s} s, expected {n}")
 
 
+def _record_of(gw, x_request_id: str, timeout_s: float = 10.0) -> dict:
+    """The record of the request sent with that ``X-Request-ID`` (waiting for it): found by
+    its id, not by its place in the file, since a request's record follows its REPORTs and
+    may land after those of requests that ended later."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for rec in _records(gw, 0):
+            if rec["gateway"].get("x_request_id") == x_request_id:
+                return rec
+        time.sleep(0.05)
+    raise AssertionError(f"no record of X-Request-ID {x_request_id} after {timeout_s} s")
+
+
 def _post(gw, path: str, body: bytes, method: str = "POST") -> tuple[int, dict]:
     conn = http.client.HTTPConnection("127.0.0.1", gw.port, timeout=30)
     conn.request(method, path, body, {"Content-Type": "application/json"})
@@ -164,17 +177,16 @@ def test_the_openai_client_raises_the_matching_errors(gw):
 
 
 def test_a_client_gone_mid_stream_cancels_its_request(gw, tok, ref):
-    n_before = len(_records(gw, 0))
     body = json.dumps({"model": MODEL, "prompt": "cancel me " * 8, "max_tokens": 600,
                        "stream": True}).encode()
     with socket.create_connection(("127.0.0.1", gw.port), timeout=30) as s:
-        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
-                  b"application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Request-ID: cancel-1\r\n"
+                  b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                  % len(body) + body)
         got = b""
         while got.count(b"data: ") < 3:
             got += s.recv(4096)
-    recs = _records(gw, n_before + 1)
-    rec = recs[n_before]
+    rec = _record_of(gw, "cancel-1")
     assert (rec["status"], rec["reason"]) == ("failed", "client disconnected")
     assert 3 <= len(rec["tokens"]) < 300  # 600 tokens take >= 5 s: it stopped early
     assert rec["gateway"]["abandoned"] == "client disconnected"
@@ -254,7 +266,7 @@ def test_every_served_request_is_recorded_and_verifies(gw):
     assert all(r["pipeline"] == "p-rld-md" for r in done)
     assert all(r["gateway"]["http_status"] == 200 for r in done)
     ids = [r["gateway"]["x_request_id"] for r in recs]  # the X-Request-ID headers sent
-    assert sorted(x for x in ids if x is not None) == ["raw-stream-1", "whole-1"]
+    assert sorted(x for x in ids if x is not None) == ["cancel-1", "raw-stream-1", "whole-1"]
     verdicts = verify_records(recs, gw.cfg.model)
     assert all(v.prefix_ok for v in verdicts)
     assert all(v.match for v in verdicts if v.status == "completed")

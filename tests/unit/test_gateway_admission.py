@@ -60,6 +60,16 @@ def _records(gw) -> list[dict]:
     return [json.loads(x) for x in (gw.run_dir / "requests.jsonl").read_text().splitlines()]
 
 
+def _records_since(gw, n0: int, n: int, timeout_s: float = 10.0) -> list[dict]:
+    """The records after the first ``n0``, once there are ``n`` of them (a record follows
+    its request's REPORTs, so it may land a moment after the response)."""
+    deadline = time.monotonic() + timeout_s
+    while len(_records(gw)) < n0 + n and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.2)  # and nothing more than expected comes
+    return _records(gw)[n0:]
+
+
 def _in_thread(fn, *args):
     out = {}
 
@@ -101,8 +111,7 @@ def test_beyond_the_queue_429_at_once_a_wait_that_runs_out_429_after_it(gw):
     assert queued_out["seconds"] >= QUEUE_S / 2  # its wait was drawn from [1 s, 2 s]
     assert health == 200 and [o["result"][0] for _, o in longs] == [200, 200]
     assert _request(gw, "/v1/completions", SHORT)[0] == 200  # room again
-    time.sleep(1.5)  # the records follow the REPORTs
-    recs = _records(gw)[n0:]
+    recs = _records_since(gw, n0, 5)
     refused = [r for r in recs if r["gateway"]["http_status"] == 429]
     assert len(recs) == 5 and len(refused) == 2
     assert all(r["status"] == "failed" and r["reason"].startswith("refused by the gateway: ")
@@ -130,8 +139,7 @@ def test_a_queued_request_takes_the_slot_a_leaving_one_frees(gw):
     queued.join(60)
     streams[1].close()
     assert out["result"][0] == 200 and out["seconds"] < QUEUE_S
-    time.sleep(1.5)
-    recs = _records(gw)[n0:]
+    recs = _records_since(gw, n0, 3)
     served = [r for r in recs if r["gateway"].get("http_status") == 200]
     assert len(recs) == 3 and len(served) == 1 and served[0]["status"] == "completed"
     assert 0.4 <= served[0]["gateway"]["queued_s"] < QUEUE_S
@@ -152,8 +160,7 @@ def test_a_client_that_leaves_while_queued_is_recorded_and_holds_nothing(gw):
         s.close()
     assert _request(gw, "/v1/completions", SHORT)[0] == 200  # both slots came back
     assert _request(gw, "/v1/completions", SHORT)[0] == 200
-    time.sleep(1.5)
-    recs = _records(gw)[n0:]
+    recs = _records_since(gw, n0, 5)
     left = [r for r in recs if r["reason"] == "the client disconnected while queued for "
             "admission"]
     assert len(recs) == 5 and len(left) == 1
