@@ -6,16 +6,18 @@ role process's memory.
 reads the resident memory (VmRSS) of every process whose command line runs a testbed
 role or the gateway (``testbed.pdd.run.node CONFIG NAME``, ``testbed.pdd.roles.gateway
 CONFIG NAME``: keyed by NAME, the gateway as ``gateway``); each sample is one JSON line
-``{"t", "health_ms", "status", "connect_ms", "late_ms", "rss_mb": {name: MB}}``:
+``{"t", "t_mono", "health_ms", "status", "connect_ms", "late_ms", "rss_mb": {name: MB}}``
+(``t``: seconds since the probe started, at the answer; ``t_mono``: the machine's monotonic
+clock when it asked, the clock of the roles' and the gateway's stats files):
 ``connect_ms`` until the TCP connection was up (the kernels do that alone, before the
 server is involved), ``late_ms`` how much later than its schedule the probe itself
 woke to ask (the machine's scheduling pressure on the instrument). On SIGTERM or
 SIGINT it stops and prints a summary (JSON): samples, health latency p50/p99/max, how
 many answers were not 200 or took over 100 ms and of those how many had a connect over
 50 ms, the probe's own lateness p99/max, each process's peak RSS and its RSS slope (MB
-per minute, least squares). ``--nice -10`` runs the probe at the gateway's priority
-(root), so that a benchmark client's processes on the same cores delay the probe no
-more than the gateway. Run it beside a benchmark client inside a ``testbed serve``
+per minute, least squares). ``--rt-priority 1`` runs the probe at the gateway's
+priority (SCHED_RR 1, root), so that a benchmark client's processes on the same cores
+delay the probe no more than the gateway. Run it beside a benchmark client inside a ``testbed serve``
 (docs/robustness.md, "Overload"):
 
     testbed serve topologies/two-dc.yaml --mode pdd --out runs/overload -- sh -c \\
@@ -111,10 +113,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("out", help="JSONL file of samples")
     ap.add_argument("--interval-s", type=float, default=0.1)
     ap.add_argument("--nice", type=int, default=0, help="add this to the probe's nice value "
-                    "(negative needs root; -10 is the gateway's)")
+                    "(negative needs root)")
+    ap.add_argument("--rt-priority", type=int, default=0,
+                    help="run the probe under SCHED_RR at this priority (root; 1 is the "
+                    "gateway's: testbed.pdd.run.sched.FRONT_END_RT_PRIORITY)")
     args = ap.parse_args(argv)
-    if args.nice:
-        os.nice(args.nice)
+    try:
+        if args.nice:
+            os.nice(args.nice)
+        if args.rt_priority:
+            os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(args.rt_priority))
+    except OSError as err:
+        print(f"error: --nice {args.nice} / --rt-priority {args.rt_priority}: {err.strerror}",
+              file=sys.stderr)
+        return 2
     stop = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.append(True))
@@ -123,9 +135,11 @@ def main(argv: list[str] | None = None) -> int:
     due = time.monotonic()
     with open(args.out, "w") as out:
         while not stop:
-            late_ms = round(max(0.0, time.monotonic() - due) * 1e3, 2)
+            asked = time.monotonic()
+            late_ms = round(max(0.0, asked - due) * 1e3, 2)
             ms, status, connect_ms = probe_health(url)
-            s = {"t": round(time.monotonic() - t0, 3), "health_ms": ms, "status": status,
+            s = {"t": round(time.monotonic() - t0, 3), "t_mono": round(asked, 4),
+                 "health_ms": ms, "status": status,
                  "connect_ms": connect_ms, "late_ms": late_ms,
                  "rss_mb": {n: rss_mb(pid) for n, pid in sorted(procs.items())}}
             samples.append(s)

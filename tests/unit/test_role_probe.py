@@ -73,6 +73,8 @@ def test_garbage_collector_pauses_are_counted_while_the_probe_runs(tmp_path):
     last = [json.loads(x) for x in path.read_text().splitlines()][-1]
     assert last["gc_pause"]["n"] >= 2  # the two full ones, and the automatic ones the lists made
     assert last["gc_pause"]["sum_ms"] > 0
+    assert last["gc_full_pause"]["n"] >= 2  # gc.collect() is a full one
+    assert last["gc_full_pause"]["n"] < last["gc_pause"]["n"]  # the lists' were young ones
 
 
 def test_each_snapshot_carries_the_processs_memory_and_open_descriptors(tmp_path):
@@ -98,3 +100,26 @@ def test_each_snapshot_carries_the_processs_memory_and_open_descriptors(tmp_path
     before, after = lines[-2], lines[-1]
     assert after["fds"] - before["fds"] == 40
     assert 60 <= after["rss_mb"] - before["rss_mb"] <= 70
+
+
+def test_each_snapshot_carries_the_main_threads_cpu_time_and_run_delay(tmp_path):
+    path = tmp_path / "router.stats.jsonl"
+
+    async def main():
+        probe = RoleProbe(path, "router", "router")
+        probe.start()
+        await asyncio.sleep(0.01)
+        probe.write()
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 0.2:  # 200 ms on the CPU
+            pass
+        await asyncio.sleep(0.2)  # 200 ms asleep: neither counter's
+        await probe.stop()
+
+    asyncio.run(main())
+    before, after = [json.loads(x) for x in path.read_text().splitlines()][-2:]
+    ran = after["cpu_s"] - before["cpu_s"]
+    waited = after["run_delay_s"] - before["run_delay_s"]
+    # it ran the 200 ms it spun, less any time it waited for a core while spinning
+    assert 0.2 - waited - 0.01 <= ran <= 0.3
+    assert waited >= 0

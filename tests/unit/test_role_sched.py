@@ -59,3 +59,31 @@ def test_the_kernel_holds_what_prefer_latency_reports(role, hub):
     else:
         assert got["slice"] in (None, 0, got["before"]), got
     assert (applied["slice_ns"] is None) == any(r.startswith("slice") for r in applied["refused"])
+
+
+FRONT_END_CHILD = """
+import json, os
+from testbed.pdd.run.sched import prefer_front_end
+applied = prefer_front_end()
+print(json.dumps({"applied": applied, "policy": os.sched_getscheduler(0),
+                  "priority": os.sched_getparam(0).sched_priority,
+                  "rr": os.SCHED_RR}))
+"""
+
+
+def test_the_front_end_runs_round_robin_as_root_and_says_so_when_refused():
+    from testbed.pdd.run.sched import FRONT_END_RT_PRIORITY
+
+    got = json.loads(subprocess.run([sys.executable, "-c", FRONT_END_CHILD],
+                                    capture_output=True, text=True, timeout=60,
+                                    check=True).stdout)
+    applied = got["applied"]
+    if applied["rt_priority"] is not None:  # what the kernel says, not what was asked
+        assert (got["policy"], got["priority"]) == (got["rr"], FRONT_END_RT_PRIORITY)
+        assert applied["rt_priority"] == FRONT_END_RT_PRIORITY
+    else:
+        assert got["policy"] != got["rr"]
+        assert any(r.startswith(f"SCHED_RR {FRONT_END_RT_PRIORITY}:")
+                   for r in applied["refused"]), applied
+    if os.geteuid() == 0 and os.path.exists("/proc/sys/kernel/sched_rt_runtime_us"):
+        assert applied["rt_priority"] == FRONT_END_RT_PRIORITY, applied

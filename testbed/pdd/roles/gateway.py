@@ -85,7 +85,7 @@ from testbed.pdd.roles import openai_api as api
 from testbed.pdd.roles.admission import Admission, Overloaded
 from testbed.pdd.run.config import ClusterConfig, load_config
 from testbed.pdd.run.probe import RoleProbe
-from testbed.pdd.run.sched import prefer_latency
+from testbed.pdd.run.sched import prefer_front_end
 from testbed.pdd.roles.gateway_link import Live, RouterLink
 from testbed.pdd.compute.text import TOKENIZER_DIR, decode_one_each, encode, load_tokenizer
 from testbed.pdd.wire.transport import ConnectionClosed, TcpTransport
@@ -306,10 +306,9 @@ async def serve(cfg: ClusterConfig, name: str, host: str, port: int, out: str,
     runner = web.AppRunner(gateway.app(), handler_cancellation=True,
                            access_log=None)
     gc.freeze()
-    # fewer, larger young collections: a full collection over ~1000 open streams' objects
-    # took up to 70 ms (the probe's gc_pause under AIPerf at concurrency 1024), and the
-    # full ones come every 100 young ones; at 10,000 allocations per young collection
-    # they come ~14x less often, each young one scanning at most that many objects
+    # fewer, larger young collections (every 10,000 allocations, not 700): with ~1000 open
+    # streams a collection took up to 70 ms under AIPerf at concurrency 1024 with the
+    # defaults (the probe's gc_pause), and /health was late 16 times in a run, not 6
     gc.set_threshold(10_000, 10, 10)
     probe = RoleProbe(stats, name, "gateway", sched=sched) if stats else None
     stop = asyncio.Event()
@@ -364,9 +363,10 @@ def main(argv: list[str] | None = None) -> int:
     except (TestbedError, KeyError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    # the client role's scheduling hints (a short slice, nice -10: testbed/pdd/run/sched.py),
-    # so that a benchmark client on the same cores does not starve the gateway's one loop
-    sched = prefer_latency(Role.CLIENT)
+    # the front end's scheduling (SCHED_RR 1 as root, else the client role's short slice
+    # and nice -10: testbed/pdd/run/sched.py), so that a benchmark client on the same
+    # cores does not keep the gateway's one loop waiting for a core
+    sched = prefer_front_end()
     try:
         asyncio.run(serve(cfg, args.name, args.host or inst.host, args.port, args.out,
                           args.tokenizer, args.model_name, args.stats, sched))

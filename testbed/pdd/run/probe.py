@@ -10,8 +10,11 @@ the stats file every ``WRITE_EVERY_S`` and once more at stop::
      "pacer": {"n_steps", "n_overruns", "overrun_s", "modeled_s"},   # null for router, client
      "loop_lag": {histogram: testbed.histogram},
      "gc_pause": {histogram},       # the cyclic garbage collector's pauses, any generation
+     "gc_full_pause": {histogram},  # those of them that were full (generation 2)
      "sched": {"slice_ns", "nice", "refused"},   # testbed.pdd.run.sched's hints (or null)
-     "rss_mb": float, "fds": int}   # resident memory (VmRSS) and open descriptors, now
+     "rss_mb": float, "fds": int,   # resident memory (VmRSS) and open descriptors, now
+     "cpu_s": float, "run_delay_s": float}  # the main thread's CPU time, and its time
+                                            # runnable but waiting for a core (schedstat)
 
 A collection stops the whole process, loop included, for as long as it takes
 to traverse the live containers, so a role holding many requests' token lists
@@ -56,6 +59,7 @@ class RoleProbe:
         self.sched = sched
         self.lag = LatencyHistogram()
         self.gc_pause = LatencyHistogram()
+        self.gc_full_pause = LatencyHistogram()
         self._clock = clock
         self._tasks: list[asyncio.Task] = []
         self._gc_t0: float | None = None
@@ -64,7 +68,10 @@ class RoleProbe:
         if phase == "start":
             self._gc_t0 = time.perf_counter()
         elif self._gc_t0 is not None:
-            self.gc_pause.add_ms((time.perf_counter() - self._gc_t0) * 1000.0)
+            ms = (time.perf_counter() - self._gc_t0) * 1000.0
+            self.gc_pause.add_ms(ms)
+            if info.get("generation") == 2:
+                self.gc_full_pause.add_ms(ms)
             self._gc_t0 = None
 
     def snapshot(self) -> dict:
@@ -74,8 +81,9 @@ class RoleProbe:
             "overrun_s": round(st.overrun_s, 6), "modeled_s": round(st.modeled_s, 6)}
         return {"t_mono": round(self._clock(), 4), "pid": os.getpid(), "name": self.name,
                 "role": self.role, "pacer": pacer, "loop_lag": self.lag.to_dict(),
-                "gc_pause": self.gc_pause.to_dict(), "sched": self.sched,
-                "rss_mb": rss_mb(), "fds": open_fds()}
+                "gc_pause": self.gc_pause.to_dict(),
+                "gc_full_pause": self.gc_full_pause.to_dict(), "sched": self.sched,
+                "rss_mb": rss_mb(), "fds": open_fds(), **sched_times()}
 
     def write(self) -> None:
         with self.path.open("a") as fh:
@@ -123,6 +131,19 @@ def rss_mb(pid: int | str = "self") -> float | None:
     except OSError:
         return None
     return None
+
+
+def sched_times(pid: int | str = "self") -> dict[str, float | None]:
+    """A process's main thread's CPU time and run delay (time runnable, waiting for a core),
+    cumulative seconds, from /proc/PID/schedstat; None each when the kernel does not say.
+    Their differences over an interval tell a loop that lagged because it had work
+    (cpu_s grew) from one that lagged because it had no core (run_delay_s grew)."""
+    try:
+        with open(f"/proc/{pid}/schedstat") as fh:
+            ran_ns, waited_ns = (int(x) for x in fh.read().split()[:2])
+    except (OSError, ValueError):
+        return {"cpu_s": None, "run_delay_s": None}
+    return {"cpu_s": round(ran_ns / 1e9, 6), "run_delay_s": round(waited_ns / 1e9, 6)}
 
 
 def open_fds(pid: int | str = "self") -> int | None:

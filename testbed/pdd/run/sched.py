@@ -35,9 +35,25 @@ less often (their kernel-timestamped arrivals, testbed/net/delayline.py;
 docs/paper-fleet.md). The delay lines stay above all of these
 (SCHED_FIFO).
 
+The OpenAI gateway (the deployment's front end, testbed/pdd/roles/gateway.py)
+asks for more: ``prefer_front_end`` runs it under SCHED_RR at
+``FRONT_END_RT_PRIORITY`` (1, below the delay lines' SCHED_FIFO 10), so it
+runs as soon as it has work, ahead of every normal process. Why: a
+benchmark client on the same two cores (AIPerf at concurrency 1024) opens
+and drops hundreds of connections at once, and at those instants the
+gateway at nice -10 waited for a core longer than it ran (its main
+thread's run delay, /proc/self/schedstat: 0.79 s in one second, 20.7 s
+over a 160 s run against 15.2 s of CPU; docs/robustness.md, "Overload"),
+which is what held ``/health`` late. It is I/O-bound (~10% of a core under
+that load), so the priority costs the roles little; the kernel's RT
+throttling (sched_rt_runtime_us) keeps a runaway from taking a core whole.
+Refused without root, then the client role's hints apply.
+
 Example::
 
-    applied = prefer_latency(Role.ROUTER)   # {"slice_ns": 100000, "nice": -10, "refused": []}
+    applied = prefer_latency(Role.ROUTER)
+    # {"slice_ns": 100000, "nice": -10, "rt_priority": None, "refused": []}
+    applied = prefer_front_end()   # {..., "rt_priority": 1, ...} as root
 """
 
 from __future__ import annotations
@@ -52,6 +68,7 @@ from testbed.pdd.wire.fields import Role
 SLICE_NS = 100_000  # the kernel's lower bound for a custom slice
 HUB_NICE = -10
 HUBS = frozenset({Role.ROUTER, Role.CLIENT, Role.RELAY_DECODE})
+FRONT_END_RT_PRIORITY = 1  # SCHED_RR; the delay lines run SCHED_FIFO 10 (testbed.net.delayline)
 _SCHED_SETATTR = {"x86_64": 314, "aarch64": 274}  # sched_getattr is this + 1 on both
 _SCHED_OTHER = 0
 # struct sched_attr, SCHED_ATTR_SIZE_VER1: size, policy, flags, nice, priority, runtime,
@@ -91,7 +108,7 @@ def prefer_latency(role: Role) -> dict:
     """Apply this module's hints for a process of ``role``; what was applied and what
     was refused (``{"slice_ns", "nice", "refused": [...]}``)."""
     applied: dict = {"slice_ns": None, "nice": os.getpriority(os.PRIO_PROCESS, 0),
-                     "refused": []}
+                     "rt_priority": None, "refused": []}
     if role in HUBS:
         try:
             os.setpriority(os.PRIO_PROCESS, 0, HUB_NICE)
@@ -105,4 +122,17 @@ def prefer_latency(role: Role) -> dict:
         applied["slice_ns"] = SLICE_NS
     else:
         applied["refused"].append(f"slice {SLICE_NS} ns: {why}")
+    return applied
+
+
+def prefer_front_end() -> dict:
+    """The gateway's hints: the client role's (``prefer_latency``), then SCHED_RR at
+    ``FRONT_END_RT_PRIORITY`` for this process (and the threads it starts later); what was
+    applied and what was refused, ``rt_priority`` None when refused."""
+    applied = prefer_latency(Role.CLIENT)
+    try:
+        os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(FRONT_END_RT_PRIORITY))
+        applied["rt_priority"] = FRONT_END_RT_PRIORITY
+    except OSError as err:
+        applied["refused"].append(f"SCHED_RR {FRONT_END_RT_PRIORITY}: {err.strerror}")
     return applied
