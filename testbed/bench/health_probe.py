@@ -17,8 +17,8 @@ many answers were not 200 or took over 100 ms and of those how many had a connec
 50 ms, the probe's own lateness p99/max, each process's peak RSS and its RSS slope (MB
 per minute, least squares). ``--rt-priority 1`` runs the probe at the gateway's
 priority (SCHED_RR 1, root), so that a benchmark client's processes on the same cores
-delay the probe no more than the gateway. Run it beside a benchmark client inside a ``testbed serve``
-(docs/robustness.md, "Overload"):
+delay the probe no more than the gateway. Run it beside a benchmark client inside a
+``testbed serve`` (docs/robustness.md, "Overload"):
 
     testbed serve topologies/two-dc.yaml --mode pdd --out runs/overload -- sh -c \\
       '.venv/bin/python -m testbed.bench.health_probe {url} {out}/health.jsonl & \\

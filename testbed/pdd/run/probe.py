@@ -11,7 +11,7 @@ the stats file every ``WRITE_EVERY_S`` and once more at stop::
      "loop_lag": {histogram: testbed.histogram},
      "gc_pause": {histogram},       # the cyclic garbage collector's pauses, any generation
      "gc_full_pause": {histogram},  # those of them that were full (generation 2)
-     "sched": {"slice_ns", "nice", "refused"},   # testbed.pdd.run.sched's hints (or null)
+     "sched": {"slice_ns", "nice", "rt_priority", "refused"},  # pdd.run.sched's hints or null
      "rss_mb": float, "fds": int,   # resident memory (VmRSS) and open descriptors, now
      "cpu_s": float, "run_delay_s": float}  # the main thread's CPU time, and its time
                                             # runnable but waiting for a core (schedstat)

@@ -42,10 +42,13 @@ runs as soon as it has work, ahead of every normal process. Why: a
 benchmark client on the same two cores (AIPerf at concurrency 1024) opens
 and drops hundreds of connections at once, and at those instants the
 gateway at nice -10 waited for a core longer than it ran (its main
-thread's run delay, /proc/self/schedstat: 0.79 s in one second, 20.7 s
-over a 160 s run against 15.2 s of CPU; docs/robustness.md, "Overload"),
-which is what held ``/health`` late. It is I/O-bound (~10% of a core under
-that load), so the priority costs the roles little; the kernel's RT
+thread's run delay, /proc/self/schedstat: 0.67 s in one second, 19.6 s
+over the run against 15.4 s of CPU), which is what held ``/health`` late
+(up to 244 ms); under SCHED_RR it waited 0.29 s in a whole run and
+answered within 72 ms in three runs (docs/robustness.md, "Overload at the
+gateway"). It is I/O-bound (~10% of a core under that load); what it costs
+the roles, which it preempts when it wakes, is within that day's spread
+of throughput (perhaps up to ~10% at concurrency 1024). The kernel's RT
 throttling (sched_rt_runtime_us) keeps a runaway from taking a core whole.
 Refused without root, then the client role's hints apply.
 
@@ -106,7 +109,7 @@ def kernel_slice_ns() -> int | None:
 
 def prefer_latency(role: Role) -> dict:
     """Apply this module's hints for a process of ``role``; what was applied and what
-    was refused (``{"slice_ns", "nice", "refused": [...]}``)."""
+    was refused (``{"slice_ns", "nice", "rt_priority": None, "refused": [...]}``)."""
     applied: dict = {"slice_ns": None, "nice": os.getpriority(os.PRIO_PROCESS, 0),
                      "rt_priority": None, "refused": []}
     if role in HUBS:
