@@ -249,7 +249,10 @@ def test_duplicate_share_sends_that_share_twice(net):
     frames = after["frames_in"] - before["frames_in"]
     print(f"duplicate 20%: ping {dups} DUP! of 500; delay line {copies} copies of {frames} frames")
     assert 500 * 0.2 - 4 * 8.95 <= dups <= 500 * 0.2 + 4 * 8.95
-    assert dups <= copies <= dups + (frames - 500)  # other frames (ARP) may be copied too
+    # ping exits on its 500th first reply, so the copy of the last request, released
+    # just behind it, can be answered after ping has gone (seen once in CI: 94 copies,
+    # 93 DUP!); other frames (ARP) may be copied too
+    assert dups <= copies <= dups + 1 + (frames - 500)
 
 
 def test_runtime_set_changes_rtt(net):
