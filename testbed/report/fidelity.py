@@ -17,7 +17,8 @@ over the workload window (``workload_start`` to ``workload_end``):
 - compute: per role process, the share of paced steps whose real compute
   overran the modeled time and the overrun time as a share of the modeled
   time, and the event loop's lag p99 (``roles/NAME.stats.jsonl``);
-- host: CPU busy share per core and peak memory in use (``host.jsonl``).
+- host: CPU busy share per core and peak memory in use (``host.jsonl``); shown
+  beside them, not judged: the CPU time a hypervisor took (steal).
 
 Each figure has a tolerance in ``TOLERANCES``; docs/design.md ("The
 fidelity verdict") argues each one by the error it lets into TTFT. A
@@ -341,9 +342,34 @@ def host_figures(rows: Sequence[dict], window) -> dict | None:
             zip(a["cpu_busy"], b["cpu_busy"], a["cpu_total"], b["cpu_total"])]
     inside = [r for r in rows if window is None or window[0] <= r["t_mono"] <= window[1]] or [b]
     peak = max(r["mem_used_bytes"] for r in inside)
-    return {"cpu_busy_share": [None if x is None else round(x, 3) for x in busy],
-            "mem_peak_bytes": peak,
-            "mem_peak_share": round(peak / b["mem_total_bytes"], 4)}
+    out = {"cpu_busy_share": [None if x is None else round(x, 3) for x in busy],
+           "mem_peak_bytes": peak,
+           "mem_peak_share": round(peak / b["mem_total_bytes"], 4)}
+    steal = steal_figures(rows, a, b, window[0] if window else a["t_mono"])
+    if steal is not None:
+        out.update(steal)
+    return out
+
+
+def steal_figures(rows: Sequence[dict], a: dict, b: dict, t0: float) -> dict | None:
+    """The share of each core's time its hypervisor took (steal) from snapshot a to b, and
+    the largest share one core lost over one sampling interval between them, with that
+    interval's end in seconds after t0 (the workload's start). Steal is a virtual
+    machine's stall, which every process on it sees at once; not judged (the lag and
+    lateness it causes are). None for a run directory without ``cpu_steal``."""
+    span = [r for r in rows if a["t_mono"] <= r["t_mono"] <= b["t_mono"]]
+    if not span or any("cpu_steal" not in r for r in span):
+        return None
+    share = [(sb - sa) / (tb - ta) if tb > ta else None for sa, sb, ta, tb in
+             zip(a["cpu_steal"], b["cpu_steal"], a["cpu_total"], b["cpu_total"])]
+    worst, worst_t = 0.0, t0
+    for p, q in zip(span, span[1:]):
+        for sp, sq, tp, tq in zip(p["cpu_steal"], q["cpu_steal"], p["cpu_total"], q["cpu_total"]):
+            if tq > tp and (sq - sp) / (tq - tp) > worst:
+                worst, worst_t = (sq - sp) / (tq - tp), q["t_mono"]
+    return {"cpu_steal_share": [None if x is None else round(x, 4) for x in share],
+            "cpu_steal_worst_share": round(worst, 3),
+            "cpu_steal_worst_at_s": round(worst_t - t0, 1)}
 
 
 # -- the verdict ----------------------------------------------------------------

@@ -218,6 +218,12 @@ def _fidelity(fid: Mapping) -> list[str]:
             busy = ", ".join("-" if b is None else f"{b:.0%}" for b in host["cpu_busy_share"])
             out.append(f"| {mode} | host: CPU busy per core, peak memory | {busy}; "
                        f"{host['mem_peak_bytes'] / 2**30:.2f} GiB ({host['mem_peak_share']:.0%}) |")
+            if host.get("cpu_steal_share") is not None:
+                steal = ", ".join("-" if x is None else f"{x:.1%}" for x in host["cpu_steal_share"])
+                out.append(f"| {mode} | host: CPU time the hypervisor took (steal) per core; "
+                           f"worst core over one sample | {steal}; "
+                           f"{host['cpu_steal_worst_share']:.0%} at "
+                           f"+{host['cpu_steal_worst_at_s']:g} s |")
     return out + [""]
 
 

@@ -93,18 +93,21 @@ class LinkSampler:
             self._lines.close()
 
 
-def read_proc_stat(text: str) -> tuple[list[int], list[int]]:
-    """Per-core (busy, total) jiffies from /proc/stat's ``cpuN`` lines (busy: all but
-    idle and iowait)."""
-    busy, total = [], []
+def read_proc_stat(text: str) -> tuple[list[int], list[int], list[int]]:
+    """Per-core (busy, total, steal) jiffies from /proc/stat's ``cpuN`` lines (busy: all
+    but idle and iowait; steal: time a virtual CPU was ready but its hypervisor ran
+    something else, counted in busy too; 0 where the kernel does not report it)."""
+    busy, total, steal = [], [], []
     for line in text.splitlines():
         name, *vals = line.split()
         if not (name.startswith("cpu") and name[3:].isdigit()):
             continue
         v = [int(x) for x in vals[:8]]  # user nice system idle iowait irq softirq steal
+        v += [0] * (8 - len(v))
         busy.append(sum(v) - v[3] - v[4])
         total.append(sum(v))
-    return busy, total
+        steal.append(v[7])
+    return busy, total, steal
 
 
 def read_meminfo(text: str) -> tuple[int, int]:
@@ -118,17 +121,19 @@ def read_meminfo(text: str) -> tuple[int, int]:
 
 
 class HostSampler:
-    """``host.jsonl``: per-core busy and total jiffies (cumulative) and memory in use."""
+    """``host.jsonl``: per-core busy, total and stolen jiffies (cumulative) and memory in
+    use."""
 
     def __init__(self, path: Path, proc: Path = Path("/proc")):
         self._fh = path.open("w")
         self._proc = proc
 
     def sample(self) -> None:
-        busy, total = read_proc_stat((self._proc / "stat").read_text())
+        busy, total, steal = read_proc_stat((self._proc / "stat").read_text())
         used, mem_total = read_meminfo((self._proc / "meminfo").read_text())
         self._fh.write(json.dumps({"t_mono": round(time.monotonic(), 4), "cpu_busy": busy,
-                                   "cpu_total": total, "mem_used_bytes": used,
+                                   "cpu_total": total, "cpu_steal": steal,
+                                   "mem_used_bytes": used,
                                    "mem_total_bytes": mem_total}) + "\n")
         self._fh.flush()
 

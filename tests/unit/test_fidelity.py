@@ -148,6 +148,23 @@ def test_delay_lines_host_ping_and_shapers_from_files(tmp_path):
     assert all(r.startswith("pdd: ") for r in run["reasons"])
 
 
+def test_steal_is_shown_per_core_with_its_worst_interval_and_judges_nothing():
+    def row(t, steal, total):
+        return {"t_mono": t, "cpu_busy": [total // 2] * 2, "cpu_total": [total] * 2,
+                "cpu_steal": steal, "mem_used_bytes": 1, "mem_total_bytes": 100}
+    rows = [row(99.0, [0, 0], 0), row(99.8, [50, 0], 100),  # 50% stolen, before the window
+            row(105.0, [52, 1], 600), row(107.5, [53, 61], 850),  # core 1: 60 of 250
+            row(110.5, [54, 62], 1150)]
+    host = F.host_figures(rows, WINDOW)
+    # from 99.8 (the last row before the window) to 110.5: core 0 lost 4 of 1050 jiffies,
+    # core 1 62 of 1050
+    assert host["cpu_steal_share"] == [round(4 / 1050, 4), round(62 / 1050, 4)]
+    assert host["cpu_steal_worst_share"] == 0.24 and host["cpu_steal_worst_at_s"] == 7.5
+    fig = faithful_figures()
+    fig["host"].update(cpu_steal_share=[0.3, 0.3], cpu_steal_worst_share=1.0)
+    assert F.judge(fig) == []
+
+
 def test_a_run_directory_without_fidelity_files_has_no_verdict(tmp_path):
     fid = F.mode_fidelity(tmp_path, [], [], TOPO, None, None)
     assert fid["verdict"] is None and fid["reasons"] == []

@@ -10,6 +10,7 @@ sampler) they came out up to 1.4x the shaper's.
 from __future__ import annotations
 
 import csv
+import json
 import random
 from types import SimpleNamespace
 
@@ -96,3 +97,26 @@ def test_shaper_ratio_uses_the_higher_rate_of_a_change_and_skips_short_intervals
     assert [(t, d) for t, d, _ in got] == [(0.5, "a>b"), (1.0, "a>b")]
     assert abs(got[0][2] - 25e6 * 8 / 0.5 / 0.8e9) < 1e-9  # 0.5: against 0.8, the higher
     assert abs(got[1][2] - 1.0) < 1e-9
+
+
+def test_the_host_sampler_records_each_cores_steal_apart_from_its_busy_time(tmp_path):
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    # user nice system idle iowait irq softirq steal (the aggregate "cpu" line is skipped)
+    (proc / "stat").write_text("cpu  30 0 6 200 4 0 2 9\n"
+                               "cpu0 10 0 2 100 4 0 1 7\n"
+                               "cpu1 20 0 4 100 0 0 1 2\n"
+                               "intr 12345\n")
+    (proc / "meminfo").write_text("MemTotal: 1000 kB\nMemFree: 100 kB\nMemAvailable: 400 kB\n")
+    host = sampler_mod.HostSampler(tmp_path / "host.jsonl", proc=proc)
+    host.sample()
+    host.close()
+    row = json.loads((tmp_path / "host.jsonl").read_text())
+    assert row["cpu_busy"] == [20, 27]  # all but idle and iowait, steal included
+    assert row["cpu_total"] == [124, 127]
+    assert row["cpu_steal"] == [7, 2]
+    assert (row["mem_used_bytes"], row["mem_total_bytes"]) == (600 * 1024, 1000 * 1024)
+
+
+def test_a_kernel_without_a_steal_column_reads_as_none_stolen():
+    assert sampler_mod.read_proc_stat("cpu0 10 0 2 100 4 0 1\n") == ([13], [117], [0])

@@ -213,3 +213,17 @@ def test_a_workload_request_without_a_record_fails_the_run(run):
     assert not summary["passed"]
     assert any(f.startswith("pdd: 1 requests of the workload without a record")
                for f in summary["failures"])
+
+
+def test_the_fidelity_table_shows_the_hosts_steal_beside_its_busy_share():
+    from testbed.report.render import _fidelity
+    host = {"cpu_busy_share": [0.43, 0.45], "mem_peak_bytes": 2**30, "mem_peak_share": 0.03,
+            "cpu_steal_share": [0.012, 0.0139], "cpu_steal_worst_share": 0.24,
+            "cpu_steal_worst_at_s": 7.5}
+    md = "\n".join(_fidelity({"verdict": "faithful", "policy": "report", "tolerances": {},
+                              "modes": {"pdd": {"host": host}}}))
+    assert "| pdd | host: CPU busy per core, peak memory | 43%, 45%; 1.00 GiB (3%) |" in md
+    assert ("| pdd | host: CPU time the hypervisor took (steal) per core; worst core over one "
+            "sample | 1.2%, 1.4%; 24% at +7.5 s |") in md
+    older = {k: host[k] for k in ("cpu_busy_share", "mem_peak_bytes", "mem_peak_share")}
+    assert "steal" not in "\n".join(_fidelity({"modes": {"pdd": {"host": older}}}))
