@@ -590,9 +590,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="print the network plan of a topology (no root)")
     _net_args(p)
     p.set_defaults(func=cmd_plan)
-    p = sub.add_parser("check", help="kernel features, tools, backend and its capacity")
+    p = sub.add_parser("check", help="kernel features, tools, backend and its capacity, "
+                                     "and how late the host wakes a real-time thread")
     _net_args(p)
-    p.add_argument("--no-measure", action="store_true", help="skip the capacity measurement")
+    p.add_argument("--no-measure", action="store_true",
+                   help="skip the measurements (capacity, wake-ups)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_check)
     p = sub.add_parser("calibrate", help="measure each link against its configuration")

@@ -6,7 +6,9 @@ default topology is built with the WAN emulated at increasing rates (scale
 1, one-way delay 20 ms) and iperf3 TCP goodput is compared with the target.
 The capacity is the highest rate carried within 5%. shaping.WAN_CAPACITY_GBIT
 holds the figure used to choose k automatically; check shows whether this
-host matches it.
+host matches it. Also unless skipped: how late this host wakes a real-time
+thread (testbed/net/wakeups.py), the floor under the userspace delay lines'
+lateness that the fidelity verdict judges.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ class CheckReport:
     backend: Backend
     assumed_capacity_gbit: float
     steps: list = field(default_factory=list)  # {target_gbit, goodput_gbit, ratio}
+    wakeups: dict | None = None  # testbed.net.wakeups.measure_wakeups
 
     @property
     def measured_capacity_gbit(self) -> float | None:
@@ -34,7 +37,8 @@ class CheckReport:
     def as_dict(self) -> dict:
         return {"probe": asdict(self.probe), "backend": self.backend.value,
                 "assumed_capacity_gbit": self.assumed_capacity_gbit,
-                "measured_capacity_gbit": self.measured_capacity_gbit, "steps": self.steps}
+                "measured_capacity_gbit": self.measured_capacity_gbit, "steps": self.steps,
+                "wakeups": self.wakeups}
 
 
 def measure_capacity(backend: Backend, topo_path: str, seconds: float = 3.0) -> list[dict]:
@@ -63,6 +67,9 @@ def run_check(topo_path: str, measure: bool = True, backend: Backend | None = No
     chosen, probe = probe_backend(backend)
     report = CheckReport(probe, chosen, WAN_CAPACITY_GBIT[chosen])
     if measure:
+        from testbed.net.wakeups import measure_wakeups
+
+        report.wakeups = measure_wakeups()  # first, on a quiet host
         report.steps = measure_capacity(chosen, topo_path)
     return report
 
@@ -83,4 +90,8 @@ def format_check(r: CheckReport) -> str:
         cap = r.measured_capacity_gbit
         lines.append(f"measured       carries up to {cap:g} Gbit/s within 5%" if cap
                      else "measured       no step within 5%")
+    if r.wakeups:
+        from testbed.net.wakeups import format_wakeups
+
+        lines += format_wakeups(r.wakeups)
     return "\n".join(lines)
