@@ -11,14 +11,14 @@ each sleep ends, while /proc/stat's steal counts the time the hypervisor
 ran something else on this virtual machine's cores.
 
 Why it exists: on a shared virtual machine (the 2-core machines this
-project is developed on) an idle real-time thread woke more than 1 ms late
-after 1.5-3.4% of 5-60 ms sleeps, p99 0.85-1.9 ms, in six 30-40 s runs on
-2026-12-07, and after 0.5-1.0% of them even when it spun through the last
-3 ms instead of sleeping, so no sleeping strategy inside the machine
-removes it; 2 ms sleeps woke with p99 0.09 ms. A run's delay lines then
-read p99 above 1 ms whenever their traffic is sparse (each frame a separate
-wake-up), and the verdict says degraded because the host did not keep the
-emulated timing, not because the testbed's code fell behind.
+project is developed on) an idle real-time thread wakes more than 1 ms late
+after a few percent of its 5-50 ms sleeps at some moments and after almost
+none at others (docs/design.md, "When the host is late"). A run's delay
+lines then read a lateness p99 above 1 ms, most readily when their traffic
+is sparse (each frame its own wake-up), and the verdict says degraded
+because the host did not keep the emulated timing, not because the
+testbed's code fell behind. The figure is one moment's: the host's noise
+changes from minute to minute.
 
 Example::
 

@@ -61,6 +61,7 @@ class Tolerances:
 
 
 TOLERANCES = Tolerances()
+STEAL_NOTE_SHARE = 0.01  # steal_line: below it the run's own load is the likelier cause
 
 
 def _read_jsonl(path: Path) -> list[dict]:
@@ -474,4 +475,32 @@ def combine(modes: Mapping[str, dict], policy: str = "report") -> dict:
     verdict = None if not verdicts else DEGRADED if DEGRADED in verdicts else FAITHFUL
     return {"verdict": verdict, "policy": policy,
             "reasons": [f"{name}: {r}" for name, m in modes.items() for r in m["reasons"]],
+            "host_steal": host_steal(modes),
             "tolerances": TOLERANCES.__dict__.copy(), "modes": dict(modes)}
+
+
+def host_steal(modes: Mapping[str, dict]) -> dict | None:
+    """The mode whose cores lost the most time to the hypervisor (its cores' mean steal
+    share) and the worst core over one sample in any mode; None without steal figures.
+    Shown beside the verdict: a stolen interval makes every process late at once."""
+    shares = {}
+    for name, m in modes.items():
+        st = [x for x in ((m.get("host") or {}).get("cpu_steal_share") or []) if x is not None]
+        if st:
+            shares[name] = sum(st) / len(st)
+    if not shares:
+        return None
+    top = max(shares, key=shares.get)
+    worst = max((m.get("host") or {}).get("cpu_steal_worst_share") or 0.0 for m in modes.values())
+    return {"share": round(shares[top], 4), "mode": top, "worst_share": worst}
+
+
+def steal_line(fid: Mapping) -> str | None:
+    """One line on the hypervisor's steal for a degraded run whose cores lost at least
+    ``STEAL_NOTE_SHARE`` of their time, else None (a faithful run needs no excuse)."""
+    st = fid.get("host_steal")
+    if fid.get("verdict") != DEGRADED or not st or st["share"] < STEAL_NOTE_SHARE:
+        return None
+    return (f"host: the hypervisor took {st['share']:.1%} of the cores' time in {st['mode']} "
+            f"(steal; worst core over one sample {st['worst_share']:.0%}): the likelier cause "
+            f"is the host's stalls, not the testbed's load (docs/design.md, \"When the host is late\")")

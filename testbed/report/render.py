@@ -19,6 +19,7 @@ import json
 from typing import Mapping, Sequence
 
 from testbed.report.events import TIMELINE_KINDS, describe, workload_t0
+from testbed.report.fidelity import steal_line
 from testbed.report.metrics import link_bytes
 from testbed.report.plots import Plot
 from testbed.report.rundir import RunData
@@ -191,7 +192,9 @@ def _fidelity(fid: Mapping) -> list[str]:
            f"Verdict: **{fid.get('verdict') or 'not measured'}** (policy `{fid.get('policy')}`). "
            "Tolerances (docs/design.md, \"The fidelity verdict\"): "
            + ", ".join(f"{k} {v:g}" for k, v in tol.items()) + ".", ""]
-    out += [f"- {r}" for r in fid.get("reasons", [])] + ([""] if fid.get("reasons") else [])
+    note = steal_line(fid)
+    out += [f"- {r}" for r in fid.get("reasons", [])] + ([f"- note: {note}"] if note else []) \
+        + ([""] if fid.get("reasons") else [])
     out += ["| mode | figure | value |", "|---|---|---|"]
     for mode, m in fid["modes"].items():
         net = m.get("network") or {}

@@ -215,4 +215,6 @@ def summary_table(summary: dict) -> str:
     lines.append(f"fidelity {fid.get('verdict') or 'not measured'}"
                  + (" (strict: exit 2)" if strict_degraded(summary) else ""))
     lines += [f"  because {why}" for why in fid.get("reasons", [])]
+    note = fidelity.steal_line(fid)
+    lines += [f"  note: {note}"] if note else []
     return "\n".join(lines)

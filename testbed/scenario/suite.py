@@ -44,6 +44,7 @@ from typing import Callable, Mapping, Sequence
 
 from testbed.errors import SpecError, TestbedError
 from testbed.net.apply import Terminated
+from testbed.report.fidelity import steal_line
 from testbed.scenario.runner import RunOptions
 from testbed.spec.scenario import Scenario, load_scenario
 
@@ -155,7 +156,7 @@ class ScenarioResult:
     modes: dict = field(default_factory=dict)     # mode -> {KEY_METRICS present}
     checks: list[dict] = field(default_factory=list)  # the matrix rows
     error: dict | None = None    # {"type", "message", "traceback"} when the run raised
-    fidelity: dict | None = None  # {"verdict", "policy", "reasons"} (summary.json's fidelity)
+    fidelity: dict | None = None  # {"verdict", "policy", "reasons", "host_steal"} (summary.json's)
 
     def as_dict(self) -> dict:
         return {**self.__dict__, "wall_s": round(self.wall_s, 3)}
@@ -233,7 +234,8 @@ def finished(sc: Scenario, out_dir: Path, summary: Mapping, wall_s: float) -> Sc
     return ScenarioResult(sc.name, sc.file, str(out_dir), "failed" if reasons else "passed",
                           reasons, wall_s, summary.get("backend"), summary.get("scale"),
                           modes, rows,
-                          fidelity={k: fid.get(k) for k in ("verdict", "policy", "reasons")}
+                          fidelity={k: fid.get(k) for k in ("verdict", "policy", "reasons",
+                                                            "host_steal")}
                           if fid else None)
 
 
@@ -312,11 +314,18 @@ def suite_overview(suite: Suite) -> str:
     head = (f"suite: {len(suite.planned)} scenarios: {c['passed']} passed, {c['failed']} "
             f"failed, {c['interrupted']} interrupted, {c['not_run']} not run; "
             f"wall {suite.wall_s:.1f} s")
-    rows = [(r.name, r.verdict, (r.fidelity or {}).get("verdict"), f"{r.wall_s:.1f}",
-             "; ".join(r.reasons)) for r in suite.results] + \
-        [(n, "not run", None, None, "") for n in suite.not_run]
-    return "\n".join([head, ""] + _table(("scenario", "verdict", "fidelity", "wall (s)",
-                                          "reason"), rows))
+    rows = [(r.name, r.verdict, (r.fidelity or {}).get("verdict"), _steal(r.fidelity),
+             f"{r.wall_s:.1f}", "; ".join(r.reasons)) for r in suite.results] + \
+        [(n, "not run", None, None, None, "") for n in suite.not_run]
+    return "\n".join([head, ""] + _table(("scenario", "verdict", "fidelity", "host steal",
+                                          "wall (s)", "reason"), rows))
+
+
+def _steal(fid: Mapping | None) -> str | None:
+    """The most any mode's cores lost to the hypervisor (testbed/report/fidelity.py
+    host_steal), e.g. "4.4% (worst 21%)"; None for a run without steal figures."""
+    st = (fid or {}).get("host_steal")
+    return None if not st else f"{st['share']:.1%} (worst {st['worst_share']:.0%})"
 
 
 def _scenario_md(r: ScenarioResult) -> list[str]:
@@ -328,8 +337,9 @@ def _scenario_md(r: ScenarioResult) -> list[str]:
         if r.error.get("traceback"):
             lines += ["", "```", r.error["traceback"].rstrip(), "```"]
     if r.fidelity and r.fidelity.get("reasons"):
+        note = steal_line(r.fidelity)
         lines += ["", f"Fidelity {r.fidelity['verdict']}:"] + \
-            [f"- {why}" for why in r.fidelity["reasons"]]
+            [f"- {why}" for why in r.fidelity["reasons"]] + ([f"- note: {note}"] if note else [])
     if r.checks:
         lines += [""] + _table(("mode", "check", "metric", "value", "bound", "result"),
                                [(c["mode"], c["name"], c["metric"], c["value"], c["bound"],

@@ -165,6 +165,25 @@ def test_steal_is_shown_per_core_with_its_worst_interval_and_judges_nothing():
     assert F.judge(fig) == []
 
 
+def test_the_run_names_the_mode_that_lost_most_to_steal_and_notes_it_only_when_degraded():
+    def mode(verdict, steal, worst):
+        return {"verdict": verdict, "reasons": ["x"] if verdict == "degraded" else [],
+                "host": {"cpu_busy_share": [0.3, 0.3], "cpu_steal_share": steal,
+                         "cpu_steal_worst_share": worst}}
+    run = F.combine({"pdd": mode("degraded", [0.04, 0.05], 0.21),
+                     "cross-dc-pd": mode("faithful", [0.006, 0.007], 0.42)})
+    assert run["host_steal"] == {"share": 0.045, "mode": "pdd", "worst_share": 0.42}
+    assert F.steal_line(run).startswith("host: the hypervisor took 4.5% of the cores' time in "
+                                        "pdd (steal; worst core over one sample 42%)")
+    calm = F.combine({"pdd": mode("degraded", [0.005, 0.006], 0.05)})
+    assert F.steal_line(calm) is None  # under 1%: the run's own load is the likelier cause
+    fine = F.combine({"pdd": mode("faithful", [0.04, 0.05], 0.21)})
+    assert F.steal_line(fine) is None
+    older = F.combine({"pdd": {"verdict": "degraded", "reasons": ["x"],
+                               "host": {"cpu_busy_share": [0.9]}}})
+    assert older["host_steal"] is None and F.steal_line(older) is None
+
+
 def test_a_run_directory_without_fidelity_files_has_no_verdict(tmp_path):
     fid = F.mode_fidelity(tmp_path, [], [], TOPO, None, None)
     assert fid["verdict"] is None and fid["reasons"] == []

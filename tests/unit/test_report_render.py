@@ -227,3 +227,17 @@ def test_the_fidelity_table_shows_the_hosts_steal_beside_its_busy_share():
             "sample | 1.2%, 1.4%; 24% at +7.5 s |") in md
     older = {k: host[k] for k in ("cpu_busy_share", "mem_peak_bytes", "mem_peak_share")}
     assert "steal" not in "\n".join(_fidelity({"modes": {"pdd": {"host": older}}}))
+
+
+def test_the_cli_table_adds_the_steal_note_under_a_degraded_verdicts_reasons():
+    from testbed.report.summary import summary_table
+    fid = {"verdict": "degraded", "policy": "report",
+           "reasons": ["pdd: network: delay line wan/a>b lateness p99 1.58 ms > 1 ms"],
+           "host_steal": {"share": 0.0442, "mode": "pdd", "worst_share": 0.21}}
+    text = summary_table({"scenario": "s", "backend": "userspace", "scale": 25.0,
+                          "modes": {"pdd": {}}, "expectations": [], "passed": True,
+                          "fidelity": fid})
+    lines = text.splitlines()
+    assert lines[-3:-1] == ["fidelity degraded",
+                            "  because pdd: network: delay line wan/a>b lateness p99 1.58 ms > 1 ms"]
+    assert lines[-1].startswith("  note: host: the hypervisor took 4.4% of the cores' time in pdd")

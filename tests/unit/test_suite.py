@@ -302,7 +302,7 @@ def test_markdown_has_the_overview_the_matrix_and_the_mode_metrics(tmp_path):
     md = suite_md(run_suite(three(tmp_path), RunOptions(tmp_path / "out"), fake,
                             clock=fake.clock))
     assert "suite: 3 scenarios: 2 passed, 1 failed, 0 interrupted, 0 not run; wall 90.0 s" in md
-    assert "| s2 | failed | - | 30.0 | ttft tail cut: 1.25 (ttft_p90_s pdd / cross-dc-pd" in md
+    assert "| s2 | failed | - | - | 30.0 | ttft tail cut: 1.25 (ttft_p90_s pdd / cross-dc-pd" in md
     assert "| pdd | ttft tail cut | ttft_p90_s | 1.25 |" in md and "| FAIL |" in md
     assert "| metric | pdd | cross-dc-pd |" in md and "| ttft_p90_s | 0.4 | 0.8 |" in md
 
@@ -379,8 +379,21 @@ def test_a_degraded_fidelity_fails_only_a_strict_scenario_and_shows_in_the_matri
     from testbed.scenario.suite import Suite
 
     suite = Suite(tmp_path, [sc.name], results=[strict])
-    assert f"| {sc.name} | failed | degraded | 30.0 |" in suite_md(suite)
+    assert f"| {sc.name} | failed | degraded | - | 30.0 |" in suite_md(suite)
     xml = junit_xml(suite)
     assert '<testcase classname="s1" name="fidelity">' in xml
     assert '<failure type="fidelity" message="degraded (faithful (fidelity: strict))"' in xml
     assert "md1 event loop lag" in xml
+
+
+def test_the_hypervisors_steal_shows_beside_a_degraded_verdict(tmp_path):
+    from testbed.scenario.suite import Suite, finished
+
+    degraded = {"verdict": "degraded", "policy": "report",
+                "reasons": ["pdd: network: delay line wan/a>b lateness p99 1.58 ms > 1 ms"],
+                "host_steal": {"share": 0.0442, "mode": "pdd", "worst_share": 0.21}}
+    sc = three(tmp_path)[0]
+    r = finished(sc, tmp_path / "o", {**summary(sc.name), "fidelity": degraded}, 30.0)
+    md = suite_md(Suite(tmp_path, [sc.name], results=[r]))
+    assert f"| {sc.name} | passed | degraded | 4.4% (worst 21%) | 30.0 |" in md
+    assert "- note: host: the hypervisor took 4.4% of the cores' time in pdd" in md
