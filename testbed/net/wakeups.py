@@ -35,8 +35,8 @@ import time
 from pathlib import Path
 
 from testbed.histogram import percentile
+from testbed.net.delayline import RT_PRIORITY
 
-RT_PRIORITY = 10  # testbed.net.delayline.RT_PRIORITY (not imported: that module opens sockets)
 LATE_MS = 1.0  # the delay lines' lateness tolerance (testbed.report.fidelity)
 
 

@@ -503,4 +503,5 @@ def steal_line(fid: Mapping) -> str | None:
         return None
     return (f"host: the hypervisor took {st['share']:.1%} of the cores' time in {st['mode']} "
             f"(steal; worst core over one sample {st['worst_share']:.0%}): the likelier cause "
-            f"is the host's stalls, not the testbed's load (docs/design.md, \"When the host is late\")")
+            f"is the host's stalls, not the testbed's load (docs/design.md, \"When the host "
+            f"is late\")")

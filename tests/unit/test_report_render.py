@@ -238,6 +238,7 @@ def test_the_cli_table_adds_the_steal_note_under_a_degraded_verdicts_reasons():
                           "modes": {"pdd": {}}, "expectations": [], "passed": True,
                           "fidelity": fid})
     lines = text.splitlines()
-    assert lines[-3:-1] == ["fidelity degraded",
-                            "  because pdd: network: delay line wan/a>b lateness p99 1.58 ms > 1 ms"]
+    assert lines[-3:-1] == [
+        "fidelity degraded",
+        "  because pdd: network: delay line wan/a>b lateness p99 1.58 ms > 1 ms"]
     assert lines[-1].startswith("  note: host: the hypervisor took 4.4% of the cores' time in pdd")
