@@ -100,3 +100,9 @@ def run(coro, timeout_s: float = 60.0):
 
 def producers(record) -> list[str]:
     return [t[3] for t in record["tokens"]]
+
+
+def complete_lines(path) -> list[str]:
+    """The lines of a file the gateway may be writing, without a last one it has not
+    finished (a record of a few KB can reach the file in more than one write)."""
+    return (path.read_text() if path.exists() else "").split("\n")[:-1]

@@ -18,7 +18,7 @@ import socket
 import time
 
 import pytest
-from pdd_fixtures import small_config
+from pdd_fixtures import complete_lines, small_config
 
 from testbed.pdd.compute.model import build_model
 from testbed.pdd.run.procs import RoleProcesses, free_port, loopback_config
@@ -63,7 +63,7 @@ def _records(gw, n: int, timeout_s: float = 10.0) -> list[dict]:
     """The first ``n`` lines of the gateway's requests.jsonl (waiting for them)."""
     path, deadline = gw.run_dir / "requests.jsonl", time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        lines = path.read_text().splitlines() if path.exists() else []
+        lines = complete_lines(path)
         if len(lines) >= n:
             return [json.loads(x) for x in lines]
         time.sleep(0.05)

@@ -14,7 +14,7 @@ import threading
 import time
 
 import pytest
-from pdd_fixtures import small_config
+from pdd_fixtures import complete_lines, small_config
 
 from testbed.pdd.run.procs import RoleProcesses, free_port, loopback_config
 
@@ -57,7 +57,7 @@ SHORT = dict(BODY, max_tokens=4)
 
 
 def _records(gw) -> list[dict]:
-    return [json.loads(x) for x in (gw.run_dir / "requests.jsonl").read_text().splitlines()]
+    return [json.loads(x) for x in complete_lines(gw.run_dir / "requests.jsonl")]
 
 
 def _records_since(gw, n0: int, n: int, timeout_s: float = 10.0) -> list[dict]:

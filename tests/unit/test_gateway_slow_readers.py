@@ -15,7 +15,7 @@ import threading
 import time
 
 import pytest
-from pdd_fixtures import small_config
+from pdd_fixtures import complete_lines, small_config
 
 from testbed.pdd.run.probe import rss_mb
 from testbed.pdd.run.procs import RoleProcesses, free_port, loopback_config
@@ -88,7 +88,7 @@ def test_slow_readers_hold_their_requests_not_the_gateways_memory(gw):
     deadline = time.monotonic() + 30
     recs: list[dict] = []
     while time.monotonic() < deadline:  # the slow requests end once their readers go
-        recs = [json.loads(x) for x in (gw.run_dir / "requests.jsonl").read_text().splitlines()]
+        recs = [json.loads(x) for x in complete_lines(gw.run_dir / "requests.jsonl")]
         if len(recs) >= SLOW + 1:
             break
         time.sleep(0.5)
