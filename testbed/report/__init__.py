@@ -7,7 +7,8 @@ is rewritten from the run's own files, and re-running gives the same bytes.
 
 Modules: ``rundir`` (reading), ``metrics`` (one mode's figures, comparisons),
 ``expectations`` (the scenario's checks), ``summary`` (summary.json),
-``plots`` (PNGs), ``render`` (report.md), ``events`` (fault/link events).
+``plots`` (PNGs), ``render`` (report.md), ``events`` (fault/link events),
+``balance`` (work per instance).
 
 Example::
 
@@ -19,19 +20,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from testbed.report.metrics import completed
-from testbed.report.plots import (Plot, hit_bins, plot_hit_rates, plot_kv_prediction,
-                                  plot_relay_timeline, plot_ttft_cdf, plot_wan_throughput,
-                                  relayed_examples)
+from testbed.report.balance import balance
+from testbed.report.metrics import completed, named_instances, workload_window
+from testbed.report.plots import (Plot, hit_bins, plot_balance, plot_hit_rates,
+                                  plot_kv_prediction, plot_relay_timeline, plot_ttft_cdf,
+                                  plot_wan_throughput, relayed_examples)
 from testbed.report.render import render
 from testbed.report.rundir import RunData, load_run
-from testbed.report.summary import summarize, summary_json
+from testbed.report.summary import instances_of, summarize, summary_json
 
 __all__ = ["build_report", "draw_plots"]
 
 PLOT_FILES = {"ttft": "ttft_cdf.png", "wan": "wan_throughput.png",
               "timeline": "relay_timeline.png", "hit": "hit_rates.png",
-              "prediction": "kv_prediction.png"}
+              "prediction": "kv_prediction.png", "balance": "balance.png"}
 TIMELINE_MODE = "pdd"  # preferred mode for the relayed-request timeline
 
 
@@ -61,6 +63,10 @@ def draw_plots(run: RunData) -> list[Plot]:
                                 out / PLOT_FILES["hit"]))
     plots.append(plot_kv_prediction({m.name: m.requests for m in run.modes},
                                     out / PLOT_FILES["prediction"]))
+    plots.append(plot_balance({m.name: balance(m.requests, instances_of(run, m.name)
+                                               or named_instances(m.requests),
+                                               workload_window(m.events, m.requests))
+                               for m in run.modes}, out / PLOT_FILES["balance"]))
     return plots
 
 

@@ -98,6 +98,7 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 
 from testbed.histogram import percentile
+from testbed.report.balance import balance
 from testbed.report.hindsight import hindsight
 from testbed.report.rundir import LinkSample
 from testbed.types import PDD_DEFAULTS, Sla
@@ -112,10 +113,11 @@ MODE_KEYS = ("requests_total", "requests_completed", "requests_failed",
              "kv_prediction_error_p50", "kv_prediction_error_p90",
              "wan_rate_max_over_shaper", "p_hit_rate_mean", "md_hit_rate_mean", "drc_hit_gap",
              "wan_kv_share", "decision_regret_share",
-             "rss_slope_max_mb_per_min", "fd_slope_max_per_min", "hindsight", "emulated")
+             "rss_slope_max_mb_per_min", "fd_slope_max_per_min", "md_imbalance", "p_imbalance",
+             "hindsight", "balance", "emulated")
 EMULATED_KEYS = ("wan_bytes", "intra_dc_bytes")
 # Every name an expectation or a comparison may use.
-MODE_METRICS = tuple(k for k in MODE_KEYS if k not in ("emulated", "hindsight")) + tuple(
+MODE_METRICS = tuple(k for k in MODE_KEYS if k not in ("emulated", "hindsight", "balance")) + tuple(
     f"emulated.{k}" for k in EMULATED_KEYS)
 # Metrics of a (mode, baseline) pair over the same requests (``paired_metrics``);
 # a comparison expectation may bound them like a ratio.
@@ -340,15 +342,20 @@ def wan_kv_share(wan_bytes: int, links: Sequence[LinkSample],
 def mode_metrics(records: Sequence[Mapping], events: Sequence[Mapping], sla: Sla,
                  scale: float, links: Sequence[LinkSample] = (),
                  relay_threshold_s: float = PDD_DEFAULTS.relay_threshold_s,
-                 resources: Mapping | None = None) -> dict:
+                 resources: Mapping | None = None,
+                 instances: Mapping[str, str] | None = None) -> dict:
     """One mode's entry of summary.json, keys in contract order (``relay_threshold_s``:
     the mode's, for the decisions judged in hindsight; ``resources``: the mode's
-    ``testbed.report.resources.mode_resources``, whose two slope bounds it carries)."""
+    ``testbed.report.resources.mode_resources``, whose two slope bounds it carries;
+    ``instances``: the mode's serving instances, name -> role, for ``balance``: without
+    them only the instances the records name are counted)."""
     done = completed(records)
     judged = hindsight(records, relay_threshold_s)
     ttft = [r.get("ttft_s") for r in done]
     window = workload_window(events, records)
     emulated = emulated_bytes(records)
+    spread = balance(records, instances if instances is not None else named_instances(records),
+                     window)
     return {
         "requests_total": len(records),
         "requests_completed": len(done),
@@ -381,9 +388,23 @@ def mode_metrics(records: Sequence[Mapping], events: Sequence[Mapping], sla: Sla
         "decision_regret_share": judged["decision_regret_share"],
         "rss_slope_max_mb_per_min": (resources or {}).get("rss_slope_max_mb_per_min"),
         "fd_slope_max_per_min": (resources or {}).get("fd_slope_max_per_min"),
+        "md_imbalance": spread["imbalance"]["MAIN_DECODE"],
+        "p_imbalance": spread["imbalance"]["PREFILL"],
         "hindsight": judged,
+        "balance": spread,
         "emulated": emulated,
     }
+
+
+def named_instances(records: Iterable[Mapping]) -> dict[str, str]:
+    """{instance: role} of every instance a record's routing decision names."""
+    out: dict[str, str] = {}
+    for r in records:
+        inst = ((r.get("reports") or {}).get("router") or {}).get("instances") or {}
+        for role, name in inst.items() if isinstance(inst, Mapping) else ():
+            if isinstance(name, str) and role in ("PREFILL", "RELAY_DECODE", "MAIN_DECODE"):
+                out[name] = role
+    return out
 
 
 def metric_value(metrics: Mapping, name: str) -> float | None:

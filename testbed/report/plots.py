@@ -297,3 +297,34 @@ def plot_kv_prediction(records_by_mode: Mapping[str, Sequence[Mapping]], path: P
     ax.legend(loc="upper left", fontsize=8)
     ax.set_title(title, fontsize=10)
     return _save(fig, title, path)
+
+
+def plot_balance(balance_by_mode: Mapping[str, Mapping], path: Path) -> Plot:
+    """Per instance (P, RLD, MD): requests placed on it and its busy share, grouped bars
+    per mode (testbed.report.balance)."""
+    title = "Work per instance"
+    rows = {m: [r for r in b.get("instances") or () if r["requests"] or r["tokens"]]
+            for m, b in balance_by_mode.items()}
+    if not any(rows.values()):
+        return _skip(title, path, "no request names the instance it was placed on")
+    names = [r["name"] for r in next(b for b in balance_by_mode.values())["instances"]]
+    for b in balance_by_mode.values():
+        names += [r["name"] for r in b["instances"] if r["name"] not in names]
+    fig = Figure(figsize=(max(6.0, 0.9 * len(names) + 2), 5.5), layout="constrained")
+    ax_req, ax_busy = fig.subplots(2, 1, sharex=True)
+    x = np.arange(len(names))
+    width = 0.8 / len(balance_by_mode)
+    for i, (mode, b) in enumerate(balance_by_mode.items()):
+        by = {r["name"]: r for r in b["instances"]}
+        off = x + (i - (len(balance_by_mode) - 1) / 2) * width
+        ax_req.bar(off, [by.get(n, {}).get("requests", 0) for n in names], width, label=mode)
+        ax_busy.bar(off, [100 * (by.get(n, {}).get("busy_share") or 0) for n in names], width,
+                    label=mode)
+    ax_req.set_ylabel("requests placed")
+    ax_busy.set_ylabel("busy (% of workload)")
+    ax_busy.set_xticks(x, names)
+    for ax in (ax_req, ax_busy):
+        ax.grid(True, axis="y", alpha=0.3)
+    ax_req.legend(fontsize=8)
+    ax_req.set_title(title)
+    return _save(fig, title, path)

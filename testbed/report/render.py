@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 from typing import Mapping, Sequence
 
+from testbed.report.balance import ROLES
 from testbed.report.events import TIMELINE_KINDS, describe, workload_t0
 from testbed.report.fidelity import steal_line
 from testbed.report.metrics import link_bytes
@@ -269,6 +270,36 @@ def _resources(summary: dict) -> list[str]:
     return out + [""]
 
 
+def _balance(summary: dict) -> list[str]:
+    """Per mode with more than one instance of a role: each instance's share of the work
+    (testbed/report/balance.py)."""
+    modes = {n: m["balance"] for n, m in summary["modes"].items()
+             if any(v is not None for v in ((m.get("balance") or {}).get("imbalance") or {})
+                                           .values())}
+    if not modes:
+        return []
+    out = ["## Balance", "",
+           "Per instance: requests placed on it, output tokens it produced, the share of the "
+           "workload window it was working (P: prefilling; a decoder: between its first and "
+           "last token of a request), and its peak queue (P: requests waiting for it at once; "
+           "a decoder: requests it held at once). Imbalance: the busiest instance's requests "
+           "over the role's mean (1.0 even; n of n instances: one took all) "
+           "(testbed/report/balance.py).", "",
+           "| mode | instance | role | requests | tokens | busy | peak queue |",
+           "|---|---|---|---:|---:|---:|---:|"]
+    for mode, b in modes.items():
+        for r in b["instances"]:
+            busy = "-" if r["busy_share"] is None else f"{100 * r['busy_share']:.1f}%"
+            out.append(f"| {mode} | {r['name']} | {r['role']} | {r['requests']} | "
+                       f"{r['tokens']} | {busy} | {r['peak_queue']} |")
+    out += ["", "| mode | " + " | ".join(f"{role} imbalance" for role in ROLES) + " |",
+            "|---|" + "---:|" * len(ROLES)]
+    for mode, b in modes.items():
+        out.append(f"| {mode} | " + " | ".join(_num(b["imbalance"].get(role)) for role in ROLES)
+                   + " |")
+    return out + [""]
+
+
 def _hindsight(summary: dict) -> list[str]:
     """Per mode whose decisions were judged: the counts, and its worst ten reversals."""
     judged = {n: m["hindsight"] for n, m in summary["modes"].items()
@@ -385,7 +416,7 @@ def render(run: RunData, summary: dict, plots: Sequence[Plot],
             f"`{baseline_of(run)}`. Machine-readable figures: [summary.json](summary.json).", ""]
     lines = (head + _what_ran(run) + _metrics_table(run, summary) + _comparisons(summary)
              + _expectations(summary) + _fidelity(fid) + _resources(summary)
-             + _hindsight(summary)
+             + _balance(summary) + _hindsight(summary)
              + _versus_paper(run, summary)
              + _captures(captures or {}) + _plots(plots))
     return "\n".join(lines).rstrip() + "\n"

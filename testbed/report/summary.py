@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 
 from testbed.report import fidelity
+from testbed.report.balance import instance_roles
 from testbed.report.expectations import evaluate
 from testbed.report.resources import mode_resources
 from testbed.report.metrics import (DEFAULT_COMPARED, PAIRED_METRICS, Sla, compare,
@@ -100,6 +101,17 @@ def unrecorded(run: RunData, mode) -> dict:
     return {"requests_unrecorded": len(wanted - {r.get("id") for r in mode.requests})}
 
 
+def instances_of(run: RunData, mode: str) -> dict[str, str] | None:
+    """MODE/cluster.json's serving instances, name -> role (testbed.report.balance);
+    None when the file is absent or unreadable (the records name what they used)."""
+    path = run.path / mode / "cluster.json"
+    try:
+        cluster = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return instance_roles(cluster) if isinstance(cluster, dict) else None
+
+
 def verification(run: RunData, mode: str) -> dict:
     """MODE/verify.json (written by the runner: tokens vs a single-process greedy
     decode) as metrics: requests_verified, requests_mismatched; {} if absent."""
@@ -117,7 +129,7 @@ def summarize(run: RunData) -> dict:
     modes = {m.name: mode_metrics(m.requests, m.events, sla, run.scale, m.links,
                                   float(run.pdd_settings(m.name).get(
                                       "relay_threshold_s", PDD_DEFAULTS.relay_threshold_s)),
-                                  resources[m.name])
+                                  resources[m.name], instances_of(run, m.name))
              for m in run.modes}
     for mode in run.modes:  # nominal bytes are counts
         m = modes[mode.name]

@@ -39,7 +39,7 @@ METRICS = ("requests_total", "requests_completed", "requests_failed", "tokens_lo
            "rld_token_share", "relayed_share", "kv_prediction_error_p50",
            "kv_prediction_error_p90", "wan_rate_max_over_shaper", "p_hit_rate_mean",
            "md_hit_rate_mean", "drc_hit_gap", "wan_kv_share", "decision_regret_share",
-           "rss_slope_max_mb_per_min", "fd_slope_max_per_min")
+           "rss_slope_max_mb_per_min", "fd_slope_max_per_min", "md_imbalance", "p_imbalance")
 # A (mode, baseline) pair's metrics over the same requests; only a comparison bounds them.
 PAIRED_METRICS = ("paired_ttft_ratio_p50",)
 OPS = ("==", "<=", "<", ">=", ">")

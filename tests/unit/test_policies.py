@@ -14,7 +14,7 @@ import pytest
 from testbed.errors import SpecError
 from testbed.pdd.policy import (BUILTIN, Candidates, DecoderCandidate, PCandidate, Placement,
                                 RouteInputs, default_placement, load_policy)
-from testbed.pdd.roles.router import RouterNode
+from testbed.pdd.roles.router import Routed, RouterNode
 from testbed.pdd.run.config import (Mode, Pipeline, RouterConfig, TimingConfig, config_to_dict,
                                     parse_config)
 from testbed.pdd.wire.protocol import Error, Report, Request, Role
@@ -156,11 +156,26 @@ def test_a_module_that_does_not_import_is_a_spec_error(tmp_path):
 def test_the_default_placement():
     c = Candidates(10, [PCandidate("p1", 5.0, 0), PCandidate("p0", 5.0, 4),
                         PCandidate("p2", 4.0, 0)],
-                   [DecoderCandidate("rld1", 2), DecoderCandidate("rld0", 3)],
-                   [DecoderCandidate("md0", 1, 8), DecoderCandidate("md1", 0, 8),
-                    DecoderCandidate("md2", 0, 0)])
+                   [DecoderCandidate("rld1", 2, decode_s=1.0),
+                    DecoderCandidate("rld0", 3, decode_s=1.2)],
+                   [DecoderCandidate("md0", 1, 8, 0.1, 2.0), DecoderCandidate("md1", 0, 8, 0.1, 1.9),
+                    DecoderCandidate("md2", 0, 0, 0.5, 1.9)])
     assert default_placement(c) == Placement("p2", "rld1", "md1")
     assert default_placement(Candidates(10, [], [], [])) == Placement(None, None, None)
+
+
+def test_the_md_placement_weighs_a_held_prefix_against_load():
+    # a held prefix is worth the transfer it saves: 2 s of WAN beats 0.3 s more decode
+    sticky = [DecoderCandidate("md0", 4, 1900, 0.1, 2.3), DecoderCandidate("md1", 0, 0, 2.1, 2.0)]
+    assert default_placement(Candidates(2000, [], [], sticky)).md == "md0"
+    # one block of a common opening saves milliseconds: the load decides
+    opening = [DecoderCandidate("md0", 4, 16, 2.08, 2.3), DecoderCandidate("md1", 0, 0, 2.1, 2.0)]
+    assert default_placement(Candidates(2000, [], [], opening)).md == "md1"
+    # equal costs: the one holding more, then the least loaded, then the name
+    tie = [DecoderCandidate("md1", 1, 16, 1.0, 1.0), DecoderCandidate("md0", 0, 0, 1.0, 1.0),
+           DecoderCandidate("md2", 0, 16, 1.5, 0.5)]
+    assert default_placement(Candidates(2000, [], [], tie)).md == "md2"
+    assert DecoderCandidate("x", 0, 0, 1.5, 0.5).cost_s == 2.0
 
 
 FLEET = [("router", "router", "A"), ("p0", "prefill", "A"), ("rld0", "relay_decode", "A"),
@@ -183,6 +198,64 @@ def test_the_cluster_config_carries_the_policy_and_its_params(policy_file):
                                                                  {"min_tokens": 5})
     with pytest.raises(SpecError, match="router.policy_params: expected an object"):
         parse_config({**config_to_dict(cfg), "router": {"policy_params": [1]}}, "<bad>")
+
+
+FLEET3 = FLEET[:3] + [("md0", "main_decode", "B"), ("md1", "main_decode", "B"),
+                      ("md2", "main_decode", "B"), ("client", "client", "B")]
+
+
+def router_of(fleet, timing: dict | None = None) -> RouterNode:
+    instances = [{"name": n, "role": r, "host": "127.0.0.1", "dc": dc,
+                  **({} if r == "client" else {"port": 7000 + i})}
+                 for i, (n, r, dc) in enumerate(fleet)]
+    cfg = parse_config({"mode": "pdd", "instances": instances, "timing": timing or {},
+                        "router": {"wan_prior_gbit": 100}}, "<test>")
+    return RouterNode(cfg, "router", transport=None)
+
+
+def hold(router: RouterNode, md: str, prompts) -> None:
+    """``md`` holds a live request of each prompt (as the router counts them)."""
+    for prompt in prompts:
+        r = Routed(router._new_rid(), None, 0, Pipeline.P_MD,
+                   {Role.PREFILL: "p0", Role.MAIN_DECODE: md})
+        r.request = Request(tuple(prompt), 300, {})
+        router.requests[r.rid] = r
+
+
+def test_a_common_opening_does_not_pin_every_request_to_one_md():
+    # the Mooncake slice's shape at token_scale 32: every prompt starts with one 16-token
+    # block; md0 holds it and two requests, md1 and md2 nothing
+    router = router_of(FLEET3, {"token_scale": 32})
+    opening = list(range(16))
+    router._md_mirror("md0").record(opening)
+    hold(router, "md0", [opening + list(range(100, 1100))] * 2)
+    prompt = opening + list(range(2000, 3000))
+    c = router._candidates(prompt, 300)
+    md0 = next(m for m in c.md if m.name == "md0")
+    assert (md0.held_tokens, md0.active) == (16, 2)
+    assert router._choose(prompt, c=c)[Role.MAIN_DECODE] == "md1"
+    # a session's next turn, whose 1,000-token prefix md0 holds, stays there: moving it
+    # would put ~1.6 GB (1,000 x 32 x 50 KB) more on the WAN than its decode there costs
+    router._md_mirror("md0").record(prompt)
+    turn2 = prompt + list(range(5000, 5100))
+    c2 = router._candidates(turn2, 300)
+    assert router._choose(turn2, c=c2)[Role.MAIN_DECODE] == "md0"
+    md0, md1 = (next(m for m in c2.md if m.name == n) for n in ("md0", "md1"))
+    assert md0.decode_s > md1.decode_s and md0.transfer_s < md1.transfer_s
+    # ... unless md0's load costs more than the transfer it saves
+    hold(router, "md0", [opening + list(range(100, 2100))] * 40)
+    assert router._choose(turn2, max_out=300)[Role.MAIN_DECODE] == "md1"
+
+
+def test_a_slower_wan_weighs_a_held_prefix_more():
+    router = router_of(FLEET3, {"token_scale": 32})
+    prompt = list(range(1000))
+    router._md_mirror("md0").record(prompt[:400])
+    hold(router, "md0", [list(range(5000, 7000))] * 8)
+    turn = prompt + [7]
+    assert router._choose(turn, max_out=300)[Role.MAIN_DECODE] == "md1"  # at 100 Gbit/s
+    router.wan._gbit = 1.0  # the capacity the model holds after a dip
+    assert router._choose(turn, max_out=300)[Role.MAIN_DECODE] == "md0"
 
 
 def test_a_policy_places_the_request(policy_file):

@@ -28,7 +28,8 @@ MODE_KEYS = ["requests_total", "requests_completed", "requests_failed", "tokens_
              "rld_token_share", "relayed_share", "kv_prediction_error_p50",
              "kv_prediction_error_p90", "wan_rate_max_over_shaper", "p_hit_rate_mean",
              "md_hit_rate_mean", "drc_hit_gap", "wan_kv_share", "decision_regret_share",
-             "rss_slope_max_mb_per_min", "fd_slope_max_per_min", "hindsight", "emulated"]
+             "rss_slope_max_mb_per_min", "fd_slope_max_per_min", "md_imbalance", "p_imbalance",
+             "hindsight", "balance", "emulated"]
 COMPARISON_KEYS = ["metric", "mode", "baseline", "value", "baseline_value", "ratio", "change_pct"]
 PNGS = ["ttft_cdf.png", "wan_throughput.png", "relay_timeline.png", "hit_rates.png"]
 INPUTS = ["metadata.json"] + [f"{m}/{f}" for m in ("pdd", "cross-dc-pd")

@@ -77,9 +77,23 @@ class PCandidate:
 
 @dataclass(frozen=True)
 class DecoderCandidate:
+    """A decoder a request may go to, with what choosing it costs the request (router's
+    predictions, seconds on the run's clock: modeled compute is time-scaled, the WAN is
+    the emulated one)."""
+
     name: str
     active: int  # requests it holds
     held_tokens: int = 0  # MD: of the prompt in its DRC or on its way there (RLD: 0)
+    transfer_s: float = 0.0  # MD: what it lacks of the prompt's KV over the WAN at the
+    # router's capacity estimate (RLD: 0, every RLD gets the whole prompt on one path)
+    decode_s: float = 0.0  # the request's max_out decode steps in its batch, this request
+    # added (the cost model's step at batch active + 1 and their summed contexts)
+
+    @property
+    def cost_s(self) -> float:
+        """What placing the request here costs it: the KV it must still move, plus its
+        decode in this instance's batch."""
+        return self.transfer_s + self.decode_s
 
 
 @dataclass(frozen=True)
@@ -91,6 +105,7 @@ class Candidates:
     p: Sequence[PCandidate]
     rld: Sequence[DecoderCandidate]
     md: Sequence[DecoderCandidate]
+    max_out: int = 0  # the request's output tokens at most
 
 
 @dataclass(frozen=True)
@@ -104,12 +119,27 @@ class Placement:
 
 
 def default_placement(c: Candidates) -> Placement:
-    """The router's placement (every built-in policy's): the P whose prefill would end
-    first, then the one holding more of the prompt; the MD holding (or receiving) most of
-    the prompt, then the least loaded; the least loaded RLD. Ties by name."""
+    """The router's placement (every built-in policy's), each instance by what it costs
+    the request, not by rank:
+
+    - P: the one whose prefill would end first (its queue plus the prefill of what its
+      prefix cache lacks: a held prefix is worth the prefill it saves, a queue what it
+      delays), then the one holding more of the prompt;
+    - MD: the least ``cost_s`` (the WAN time of the KV it lacks + the request's decode
+      in its batch): a held prefix is worth the transfer it saves at the WAN's current
+      rate, a load what its batch adds to the request's decode. A session's long prefix
+      (seconds of WAN time) keeps it on the MD that holds it; a one-block common opening
+      (milliseconds) loses to any load difference, so it cannot pin the fleet to one
+      decoder. Then the one holding more, then the least loaded;
+    - RLD: the least ``decode_s``, then the least loaded.
+
+    Ties by name. The MD cost is the one Dynamo's KV router minimises (a weighted
+    overlap plus load: docs/policies.md, "Placement"), in seconds of this request's time
+    instead of blocks, so a slow WAN weighs a held prefix more."""
     p = min(c.p, default=None, key=lambda x: (round(x.prefill_end_s, 6), -x.hit_tokens, x.name))
-    md = min(c.md, default=None, key=lambda x: (-x.held_tokens, x.active, x.name))
-    rld = min(c.rld, default=None, key=lambda x: (x.active, x.name))
+    md = min(c.md, default=None,
+             key=lambda x: (round(x.cost_s, 6), -x.held_tokens, x.active, x.name))
+    rld = min(c.rld, default=None, key=lambda x: (round(x.decode_s, 6), x.active, x.name))
     return Placement(p and p.name, rld and rld.name, md and md.name)
 
 

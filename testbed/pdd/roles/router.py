@@ -5,11 +5,13 @@ MD instance of the config (each role learns the router from that HELLO and
 sends TOKENS, DONE, ERROR and REPORT back on it). Per request:
 
 1. client REQUEST(prompt, max_out, {id, session}) -> a router request id;
-   its instances (``_choose``, every mode alike): the P whose prefix mirror
-   holds most of the prompt, then the one whose queue ends first; the MD
-   whose DRC mirror holds (or whose in-flight KV carries) most of it, then
-   the least loaded; the least active RLD. Then P's expected hit and the chosen MD's expected DRC hit from the router's
-   prefix mirrors; P's expected prefill end (its FIFO queue, modeled
+   its instances (``_choose``, every mode alike, by what each costs the
+   request: ``policy.base.default_placement``): the P whose prefill would
+   end first (its queue plus what its prefix mirror lacks); the MD whose
+   transfer of what its DRC mirror (or its in-flight KV) lacks plus the
+   request's decode in its batch is least; the RLD whose decode is least.
+   Then P's expected hit and the chosen MD's expected DRC hit from the
+   router's prefix mirrors; P's expected prefill end (its FIFO queue, modeled
    prefill times); the WAN time predicted by ``wan_model.WanModel`` for
    what MD lacks, behind the KV already committed to the WAN; RLD's room
    (``routing.RldBudget``); the policy (``router.policy``, by default the
@@ -187,17 +189,16 @@ class RouterNode(RoleServer):
         return [i.name for i in self.cfg.of_role(role) if i.name not in self.dead]
 
     def _choose(self, prompt: Sequence[int], use_policy: bool = True,
-                c: Candidates | None = None) -> dict[Role, str | None]:
+                c: Candidates | None = None, max_out: int = 0) -> dict[Role, str | None]:
         """The instances of a new request: the policy's ``place`` if it has one and
         answers, else the router's placement (``policy.default_placement``, every
-        built-in's, so modes compare on one placement: the P whose prefill would end
-        first, a high-hit request staying with the P that holds its prefix, a low-hit one
-        going where the queue is short; the MD whose DRC holds or is receiving most of
-        the prompt, then the least loaded; the least loaded RLD). A re-served request
+        built-in's, so modes compare on one placement: each instance by what it costs
+        the request, a held prefix worth the prefill or transfer it saves, a load what its
+        queue or batch adds; ``_candidates``). A re-served request
         (``use_policy`` False) takes the router's placement. Raises PolicyFailure when
         the policy raises or names an instance that is not a live candidate. ``c``: the
         candidates, when the caller has them already."""
-        c = self._candidates(prompt) if c is None else c
+        c = self._candidates(prompt, max_out) if c is None else c
         placement = None
         place = getattr(self.policy, "place", None) if use_policy else None
         if place is not None:
@@ -218,7 +219,10 @@ class RouterNode(RoleServer):
                                     f"{role.name} instance")
         return out
 
-    def _candidates(self, prompt: Sequence[int]) -> Candidates:
+    def _candidates(self, prompt: Sequence[int], max_out: int = 0) -> Candidates:
+        """The live instances with what each costs a request of ``prompt`` and
+        ``max_out`` (``policy.base``: P's prefill end; MD's transfer of what it lacks at
+        the WAN model's capacity and the request's decode in its batch; RLD's decode)."""
         now, timing = time.monotonic(), self.cfg.timing
         p_live, rld_live, md_live = (self._live(r) for r in _ROLES)
         cost, n = timing.cost(Role.PREFILL), len(prompt)
@@ -228,20 +232,33 @@ class RouterNode(RoleServer):
             end = max(now, self.p_free_at.get(name, now)) \
                 + cost.prefill_s(n - hit, hit) * timing.time_scale
             ps.append(PCandidate(name, end, hit))
-        load = self._md_load()
-        mds = [DecoderCandidate(m, load.get(m, 0),
-                                max(self._md_mirror(m).hit(prompt),
-                                    self.md_inflight.longest(m, prompt)[0])) for m in md_live]
-        rlds = [DecoderCandidate(x, self.rld_active.get(x, 0)) for x in rld_live]
-        return Candidates(n, ps, rlds, mds)
+        token_bytes = timing.token_scale * timing.kv_bytes_per_token
+        rate = max(self.wan.capacity_gbit(now), 1e-3) * 1e9 / 8  # bytes/s
+        md_step, loads = timing.cost(Role.MAIN_DECODE).decode_step_s, self._md_loads()
+        mds = []
+        for m in md_live:
+            held = max(self._md_mirror(m).hit(prompt), self.md_inflight.longest(m, prompt)[0])
+            active, context = loads.get(m, (0, 0))
+            mds.append(DecoderCandidate(
+                m, active, held, (n - held) * token_bytes / rate,
+                max_out * md_step(active + 1, context + n) * timing.time_scale))
+        rld_step, rlds = timing.cost(Role.RELAY_DECODE).decode_step_s, []
+        for x in rld_live:
+            active = self.rld_active.get(x, 0)
+            context = self.rld_held.get(x, 0) // timing.token_scale + n
+            rlds.append(DecoderCandidate(
+                x, active, 0, 0.0, max_out * rld_step(active + 1, context) * timing.time_scale))
+        return Candidates(n, ps, rlds, mds, max_out)
 
-    def _md_load(self) -> dict[str, int]:
-        """Live requests per MD instance."""
-        load: dict[str, int] = {}
+    def _md_loads(self) -> dict[str, tuple[int, int]]:
+        """Per MD instance: (live requests, their prompts' tokens)."""
+        load: dict[str, tuple[int, int]] = {}
         for r in self.requests.values():
             md_of = r.names.get(Role.MAIN_DECODE)
             if md_of is not None and not r.terminal:
-                load[md_of] = load.get(md_of, 0) + 1
+                active, context = load.get(md_of, (0, 0))
+                n = len(r.request.prompt_token_ids) if r.request is not None else 0
+                load[md_of] = (active + 1, context + n)
         return load
 
     def _p_mirror(self, p: str) -> PrefixMirror:
@@ -326,7 +343,7 @@ class RouterNode(RoleServer):
 
     async def _route(self, client: Peer, client_rid: int, req: Request) -> None:
         try:
-            cands = self._candidates(req.prompt_token_ids)
+            cands = self._candidates(req.prompt_token_ids, req.max_output_tokens)
             names = self._choose(req.prompt_token_ids, c=cands)
             r, info = self._decide(client, client_rid, req, names, cands)
         except PolicyFailure as err:
@@ -588,7 +605,7 @@ class RouterNode(RoleServer):
                 await peer.send(r.rid, Cancel())
         self._retire(r)
         prompt = tuple(req.prompt_token_ids) + tuple(r.delivered)
-        p = self._choose(prompt, use_policy=False)[Role.PREFILL]
+        p = self._choose(prompt, use_policy=False, max_out=req.max_output_tokens - d)[Role.PREFILL]
         decoder = Role.RELAY_DECODE if pipeline == Pipeline.RLD_ONLY else Role.MAIN_DECODE
         first = r.pipeline.value if not r.reserves else r.first_pipeline
         r.rid, r.offset, r.reserves, r.first_pipeline = self._new_rid(), d, r.reserves + 1, first
@@ -620,7 +637,8 @@ class RouterNode(RoleServer):
         if r.request is None or not self._live(Role.PREFILL):
             return None, Pipeline.P_MD, "no live PREFILL"
         chosen = self._choose(tuple(r.request.prompt_token_ids) + tuple(r.delivered),
-                              use_policy=False)
+                              use_policy=False,
+                              max_out=r.request.max_output_tokens - len(r.delivered))
         if lost == Role.RELAY_DECODE:
             md = chosen[Role.MAIN_DECODE]
             return md, Pipeline.P_MD, None if md else "no live MAIN_DECODE"
