@@ -216,3 +216,18 @@ def test_drops_while_the_link_was_down_are_the_flaps_not_unexplained():
     figs = F.delay_line_figures(rows, None, events)
     assert figs["wan/a>b"]["unexplained_drops"] == 3
     assert F.delay_line_figures(rows, None)["wan/a>b"]["unexplained_drops"] == 28
+
+
+def test_a_shaper_interval_across_a_rate_change_is_not_judged():
+    # 0.08 Gbit/s delivered while backlogged, then the rate steps up to 1.0 Gbit/s 0.1 s
+    # before a read: that interval delivered 0.176 Gbit/s against either rate
+    rate = [0.08] * 6 + [1.0] * 3
+    got = [0.08] * 5 + [0.176, 1.0, 1.0]
+    total, links = 0, []
+    for i in range(9):
+        links.append(LinkSample(100.0 + 0.5 * i, "wan", "a>b", int(total), 0, 0, 8.0 * rate[i] / 0.08,
+                                rate[i], 500_000))
+        if i < 8:
+            total += got[i] * 1e9 / 8 * 0.5
+    fig = F.shaper_figures(links, None)["wan/a>b"]
+    assert fig == {"backlogged_s": 3.5, "delivered_ratio": 1.0}
