@@ -229,6 +229,48 @@ def cmd_suite(args) -> int:
     return suite.exit_code
 
 
+def cmd_spread(args) -> int:
+    """Run one scenario N times on its seed and once on each of M other seeds (or read
+    runs already made), then tabulate each expectation's values across the runs:
+    OUT/spread.json and OUT/spread.md (testbed/report/spread.py)."""
+    from pathlib import Path
+
+    from testbed.report.spread import load_summaries, spread, spread_markdown
+
+    if args.from_runs:
+        dirs = [Path(d) for d in args.from_runs]
+        name = json.loads((dirs[0] / "summary.json").read_text()).get("scenario", dirs[0].name)
+        out = Path(args.out) if args.out else dirs[0].parent
+    else:
+        if not args.scenario:
+            print("testbed spread: a scenario, or --from-runs DIR...", file=sys.stderr)
+            return 2
+        from testbed.scenario.runner import run_scenario
+        from testbed.spec.scenario import load_scenario, with_seed
+
+        sc = load_scenario(args.scenario)
+        name, seed0 = sc.name, sc.seed if args.seed is None else args.seed
+        out = Path(args.out) if args.out else Path("runs") / f"spread-{sc.name}"
+        plan = [(f"seed{seed0}-{i}", seed0) for i in range(1, args.runs + 1)]
+        plan += [(f"seed{seed0 + j}", seed0 + j) for j in range(1, args.seeds + 1)]
+        dirs = []
+        for label, seed in plan:
+            d = out / label
+            dirs.append(d)
+            if args.resume and (d / "summary.json").is_file():
+                continue
+            opts = _run_options(args, d)
+            with out_dir_lock(d, "testbed spread " + args.scenario):
+                run_scenario(with_seed(sc, seed), opts)
+    result = spread(load_summaries(dirs))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "spread.json").write_text(json.dumps({"scenario": name, **result}, indent=1) + "\n")
+    text = spread_markdown(name, result)
+    (out / "spread.md").write_text(text)
+    print(text + f"spread: {out / 'spread.md'}")
+    return 1 if any(e["inside"] or e["flips"] for e in result["expectations"]) else 0
+
+
 def cmd_report(args) -> int:
     from pathlib import Path
 
@@ -645,6 +687,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", metavar="YAML", help="see testbed/report/capacity.py")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_capacity)
+    p = sub.add_parser("spread", help="a scenario's run-to-run spread: N runs on its seed, "
+                       "M on other seeds, each expectation's values, min/median/max, and "
+                       "whether its bound lies inside them (spread.md, spread.json)")
+    p.add_argument("scenario", nargs="?")
+    p.add_argument("--runs", type=int, default=3, help="runs on the scenario's seed")
+    p.add_argument("--seeds", type=int, default=2, help="runs on the next seeds, one each")
+    p.add_argument("--out", help="folder: a run directory per run + spread.md "
+                   "(default runs/spread-NAME)")
+    p.add_argument("--from-runs", nargs="+", metavar="DIR", help="tabulate these run "
+                   "directories of one scenario; run nothing (no root)")
+    p.add_argument("--resume", action="store_true", help="keep runs that have a summary.json")
+    _run_args(p)
+    p.set_defaults(func=cmd_spread)
     p = sub.add_parser("report", help="re-render summary.json, report.md and plots")
     p.add_argument("run_dir")
     p.set_defaults(func=cmd_report)

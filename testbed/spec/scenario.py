@@ -330,3 +330,21 @@ def with_engine(sc: Scenario, engine: str) -> Scenario:
 def load_scenario(path: str | Path) -> Scenario:
     """Read and validate a scenario file; raises SpecError on any problem."""
     return parse_scenario(load_yaml(path), str(path))
+
+
+def with_seed(sc: Scenario, seed: int) -> Scenario:
+    """``sc`` drawn from ``seed``: the run's (the network's random draws) and every
+    workload's (a synthetic workload's requests and arrivals; a trace's sampling where it
+    samples), so a second seed is a second sample of the same scenario (``testbed
+    spread``)."""
+    from dataclasses import replace
+
+    def reseeded(w):
+        if getattr(w, "synthetic", None) is not None:
+            return replace(w, synthetic=replace(w.synthetic, seed=seed))
+        if getattr(w, "mooncake", None) is not None:
+            return replace(w, mooncake=replace(w.mooncake, seed=seed))
+        return w
+
+    return replace(sc, seed=seed, workload=reseeded(sc.workload),
+                   modes=tuple(replace(m, workload=reseeded(m.workload)) for m in sc.modes))
