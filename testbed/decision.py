@@ -135,6 +135,26 @@ class Reserve:
                    _roles(own, data.get("roles")), _check(own, "mode", data.get("mode"), "str"))
 
 
+def _placement(value: object) -> dict[str, dict[str, dict[str, float]]]:
+    """A decision's ``placement`` (absent in records made before it: {})."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ValueError(f"decision.placement: expected an object, got {value!r}")
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for role, insts in value.items():
+        if not isinstance(insts, Mapping):
+            raise ValueError(f"decision.placement.{role}: expected an object, got {insts!r}")
+        out[role] = {}
+        for name, figures in insts.items():
+            if not isinstance(figures, Mapping):
+                raise ValueError(f"decision.placement.{role}.{name}: expected an object, "
+                                 f"got {figures!r}")
+            out[role][name] = {k: _check(f"decision.placement.{role}.{name}", k, v, _NUMBER)
+                               for k, v in figures.items()}
+    return out
+
+
 def _roles(owner: str, value: object) -> tuple[str, ...]:
     if not isinstance(value, (list, tuple)) or not all(isinstance(r, str) for r in value):
         raise ValueError(f"{owner}.roles: expected a list of role names, got {value!r}")
@@ -153,6 +173,9 @@ class Decision:
     instances: dict[str, str | None] = field(default_factory=dict)  # role -> instance
     routing: Routing | None = None
     reserves: tuple[Reserve, ...] = ()   # rounds re-served after a decoder was lost
+    # the candidates the placement chose among: role -> instance -> figures (P:
+    # prefill_end_s, hit_tokens; a decoder: active, held_tokens, transfer_s, decode_s)
+    placement: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
 
     @property
     def refused(self) -> bool:
@@ -172,6 +195,9 @@ class Decision:
             out.update(self.routing.data())
         if self.reserves:
             out["reserves"] = [r.data() for r in self.reserves]
+        if self.placement:
+            out["placement"] = {role: {name: dict(f) for name, f in insts.items()}
+                                for role, insts in self.placement.items()}
         return out
 
     @classmethod
@@ -191,7 +217,7 @@ class Decision:
                    _check("decision", "mode", data.get("mode"), "str"),
                    _roles("decision", data.get("roles")), dict(instances),
                    Routing.read(data) if "t_route" in data else None,
-                   tuple(Reserve.read(r) for r in reserves))
+                   tuple(Reserve.read(r) for r in reserves), _placement(data.get("placement")))
 
     @classmethod
     def of_record(cls, record: Mapping) -> "Decision | None":

@@ -48,6 +48,11 @@ estimates are medians of the same run's measurements: a reversal whose gain
 is near the threshold is uncertain, which is why the costs' p50 and max are
 reported beside the count.
 
+Placements (``placement_hindsight``, summary.json ``hindsight.placement``): each
+MD a ``p-md`` request was placed on, against the other MD candidates the router
+recorded, with the run's measured KV waits and per-token times (its docstring
+says how). P and RLD placements are not judged.
+
 Example::
 
     h = hindsight(records, relay_threshold_s=0.5)
@@ -188,8 +193,87 @@ def hindsight(records: Sequence[Mapping], relay_threshold_s: float) -> dict:
         "by_pipeline": by_pipeline,
         "estimates": est,
         "worst": _worst(rev),
+        "placement": placement_hindsight(records, relay_threshold_s),
     }
 
 
 def _worst(reversed_: Iterable[dict]) -> list[dict]:
     return sorted(reversed_, key=lambda v: (-v["cost_s"], str(v["id"])))[:WORST_N]
+
+
+# -- placements -------------------------------------------------------------------------
+def _md_tokens(record: Mapping) -> list[float]:
+    t0 = record.get("t_sent")
+    return [] if t0 is None else sorted(t0 + t[2] for t in record.get("tokens") or ()
+                                        if len(t) >= 4 and t[3] == "MD")
+
+
+def _tpot(times: Sequence[float]) -> float | None:
+    return (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else None
+
+
+def placement_hindsight(records: Sequence[Mapping], threshold_s: float) -> dict:
+    """Each MD placement of a completed ``p-md`` request judged by the run's measured
+    times: would another MD candidate have finished it sooner?
+
+    The request's measured path: P's prefill end, the KV at its MD (``t_kv_done``), MD's
+    first token, its tokens at its measured per-token time. On another candidate (the
+    decision record's ``placement``: what each held of the prompt): the KV wait scaled by
+    the prompt it lacked (``(n - held_other) / (n - held_chosen)``; the router's predicted
+    transfer difference when the chosen one held it all), the same first step, and that
+    MD's per-token time then: the median over its requests decoding at the same time
+    (measured), or, when it decoded none, the mode's fastest measured per-token time (an
+    idle decoder's). Reversed when another would have finished at least ``threshold_s``
+    (the mode's ``relay_threshold_s``) sooner; cost: that gain. Not judged: one MD,
+    requests re-served, relayed or rld-only (RLD's tokens set their pace), records made
+    before decisions carried their candidates."""
+    spans: dict[str, list[tuple[float, float, float]]] = {}
+    for r in records:
+        d = Decision.of_record(r)
+        times = _md_tokens(r)
+        md = d.instances.get("MAIN_DECODE") if d is not None else None
+        if md is not None and (tp := _tpot(times)) is not None:
+            spans.setdefault(md, []).append((times[0], times[-1], tp))
+    fastest = min((tp for v in spans.values() for _, _, tp in v), default=None)
+    verdicts = []
+    for r in records:
+        d = Decision.of_record(r)
+        if (d is None or d.routing is None or d.reserves or r.get("status") != "completed"
+                or d.pipeline != "p-md"):
+            continue
+        cands = d.placement.get("MAIN_DECODE") or {}
+        chosen = d.instances.get("MAIN_DECODE")
+        p_end = _report(r, "P").get("t_prefill_end")
+        kv_done = _report(r, "MD").get("t_kv_done")
+        times = _md_tokens(r)
+        tpot = _tpot(times)
+        if chosen not in cands or len(cands) < 2 or None in (p_end, kv_done, tpot):
+            continue
+        n, mine = int(r.get("prompt_len") or 0), cands[chosen]
+        wait, first_step, finish = kv_done - p_end, times[0] - kv_done, times[-1]
+        best = None
+        for name, c in cands.items():
+            if name == chosen:
+                continue
+            if n > mine["held_tokens"]:
+                wait_o = wait * (n - c["held_tokens"]) / (n - mine["held_tokens"])
+            else:
+                wait_o = wait + c["transfer_s"] - mine["transfer_s"]
+            during = [tp for a, b, tp in spans.get(name, ()) if a < finish and b > times[0]]
+            tpot_o = median(during) if during else fastest
+            other = p_end + wait_o + first_step + (len(times) - 1) * tpot_o
+            if best is None or other < best[1]:
+                best = (name, other)
+        gain = finish - best[1]
+        verdicts.append({"id": r.get("id"), "md": chosen, "other_md": best[0],
+                         "finish_s": round(finish - r["t_sent"], 4),
+                         "other_finish_s": round(best[1] - r["t_sent"], 4),
+                         "gain_s": round(gain, 4), "reversed": gain >= threshold_s,
+                         "cost_s": round(gain, 4) if gain >= threshold_s else 0.0,
+                         "held_tokens": int(mine["held_tokens"]),
+                         "other_held_tokens": int(cands[best[0]]["held_tokens"])})
+    rev = [v for v in verdicts if v["reversed"]]
+    return {"judged": len(verdicts), "reversed": len(rev),
+            "regret_share": len(rev) / len(verdicts) if verdicts else None,
+            "cost_s_total": round(sum(v["cost_s"] for v in rev), 4),
+            "worst": sorted(rev, key=lambda v: (-v["cost_s"], str(v["id"])))[:WORST_N]}

@@ -158,3 +158,56 @@ def test_another_policys_decisions_are_judged_by_their_pipeline():
         assert kind(rec(9, "p-md", reason, p_end=1.0, ttft=2.0, policy="x.py:Mine")) is None
     # PDD's rule keeps its reason-based judgement: an unknown reason is not judged
     assert kind(rec(9, "p-md", "something else", p_end=1.0, ttft=2.0, policy="pdd")) is None
+
+
+def placed(rid, md, held, *, n=1000, p_end=1.0, kv_done=1.5, tokens=(2.0, 0.1, 11),
+           pipeline="p-md", others=None):
+    """A p-md request of ``n`` prompt tokens placed on ``md`` holding ``held`` of them;
+    MD's tokens at T0 + start, start + step, ... (``tokens``: start, step, count)."""
+    start, step, count = tokens
+    cands = {md: {"active": 1, "held_tokens": held, "transfer_s": 0.1, "decode_s": 1.0}}
+    cands.update(others or {})
+    decision = Decision(pipeline, SHORT, "pdd", ("MAIN_DECODE", "PREFILL"),
+                        {"MAIN_DECODE": md, "PREFILL": "p1"}, Routing(**ROUTING),
+                        placement={"MAIN_DECODE": cands})
+    toks = [[i, 1, start + i * step, "MD"] for i in range(count)]
+    return {"id": rid, "status": "completed", "t_sent": T0, "prompt_len": n,
+            "ttft_s": start, "e2e_s": toks[-1][2], "tokens": toks,
+            "reports": {"router": decision.data(), "P": {"t_prefill_end": T0 + p_end},
+                        "MD": {"t_kv_done": T0 + kv_done}}}
+
+
+def other(held):
+    return {"md2": {"active": 0, "held_tokens": held, "transfer_s": 0.1, "decode_s": 1.0}}
+
+
+def test_a_placement_is_reversed_when_an_idle_md_would_have_finished_sooner():
+    # md1 decodes at 100 ms a token (a crowded batch), md2 at 10 ms (its own request);
+    # the request held nothing on either, so its KV would have taken as long
+    busy = placed(1, "md1", 0, others=other(0))
+    quick = placed(2, "md2", 0, tokens=(2.0, 0.01, 11), others={
+        "md1": {"active": 3, "held_tokens": 0, "transfer_s": 0.1, "decode_s": 3.0}})
+    h = hindsight([busy, quick], 0.5)["placement"]
+    assert h["judged"] == 2 and h["reversed"] == 1
+    v = h["worst"][0]
+    assert (v["id"], v["md"], v["other_md"]) == (1, "md1", "md2")
+    # md1: first token at 2.0, then 10 x 100 ms -> 3.0 s; on md2: the same KV wait and first
+    # step, then 10 x 10 ms (md2's measured step at the time) -> 2.1 s
+    assert v["finish_s"] == pytest.approx(3.0) and v["other_finish_s"] == pytest.approx(2.1)
+    assert v["cost_s"] == pytest.approx(0.9)
+
+
+def test_a_held_prefix_counts_the_transfer_the_other_md_would_have_needed():
+    # 900 of 1000 tokens held on md1: the KV wait there was 0.5 s for 100 tokens; md2 lacks
+    # all 1000: 5 s. md2 decodes faster, but not 4.5 s faster.
+    kept = placed(1, "md1", 900, others=other(0))
+    other_md = placed(2, "md2", 0, tokens=(2.0, 0.01, 11), others={
+        "md1": {"active": 3, "held_tokens": 0, "transfer_s": 0.1, "decode_s": 3.0}})
+    h = hindsight([kept, other_md], 0.5)["placement"]
+    assert h["judged"] == 2 and all(v["id"] != 1 for v in h["worst"])  # 6.6 s there
+
+
+def test_placements_with_one_candidate_or_a_relay_are_not_judged():
+    alone = placed(1, "md1", 0)
+    relayed = placed(2, "md1", 0, pipeline="p-rld-md", others=other(0))
+    assert hindsight([alone, relayed], 0.5)["placement"]["judged"] == 0

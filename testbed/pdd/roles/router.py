@@ -118,6 +118,21 @@ class Routed:
         return bound is peer
 
 
+def placement_record(c: Candidates, now: float) -> dict:
+    """The decision record's ``placement``: what each candidate would have cost (P's
+    prefill end as seconds from ``now``), for hindsight (testbed/report/hindsight.py)."""
+    out = {}
+    if len(c.p) > 1:
+        out["PREFILL"] = {p.name: {"prefill_end_s": round(p.prefill_end_s - now, 6),
+                                   "hit_tokens": p.hit_tokens} for p in c.p}
+    for role, pool in (("RELAY_DECODE", c.rld), ("MAIN_DECODE", c.md)):
+        if len(pool) > 1:
+            out[role] = {x.name: {"active": x.active, "held_tokens": x.held_tokens,
+                                  "transfer_s": round(x.transfer_s, 6),
+                                  "decode_s": round(x.decode_s, 6)} for x in pool}
+    return out
+
+
 class RouterNode(RoleServer):
     """The router: see the module docstring."""
 
@@ -460,7 +475,8 @@ class RouterNode(RoleServer):
         ordered = sorted(involved, key=lambda x: x.name)
         info = Decision(d.pipeline.value, d.reason, cfg.mode.value,
                         tuple(role.name for role in ordered),
-                        {role.name: names[role] for role in ordered}, routing)
+                        {role.name: names[role] for role in ordered}, routing,
+                        placement=placement_record(cands, now))
         return r, info
 
     def _policy_decide(self, inputs: RouteInputs) -> tuple[RouteDecision, float]:
