@@ -297,6 +297,21 @@ def _balance(summary: dict) -> list[str]:
     for mode, b in modes.items():
         out.append(f"| {mode} | " + " | ".join(_num(b["imbalance"].get(role)) for role in ROLES)
                    + " |")
+    placed = {n: m["hindsight"]["placement"] for n, m in summary["modes"].items()
+              if ((m.get("hindsight") or {}).get("placement") or {}).get("judged")}
+    if placed:
+        out += ["", "MD placements in hindsight: each `p-md` request's finish on its MD "
+                "(measured) against the other MD candidates' (its KV wait scaled by the "
+                "prompt each lacked, that MD's measured per-token time then); reversed when "
+                "another would have finished at least the relay threshold sooner "
+                "(testbed/report/hindsight.py, `placement_hindsight`).", "",
+                "| mode | judged | reversed | cost s | worst: id, MD -> other, finish s -> "
+                "other s |", "|---|---:|---:|---:|---|"]
+        for n, h in placed.items():
+            worst = "; ".join(f"{w['id']}, {w['md']} -> {w['other_md']}, {w['finish_s']:.2f} "
+                              f"-> {w['other_finish_s']:.2f}" for w in h["worst"][:3]) or "-"
+            out.append(f"| {n} | {h['judged']} | {h['reversed']} | {h['cost_s_total']:.2f} | "
+                       f"{worst} |")
     return out + [""]
 
 

@@ -355,3 +355,11 @@ def test_the_spec_refuses_a_malformed_policy_entry(mode, where, expected):
     data["modes"] = [mode]
     with pytest.raises(SpecError, match=re.escape(where) + f".*expected {expected}"):
         parse_scenario(data, str(ROOT / "scenarios" / "t.yaml"))
+
+
+def test_the_held_first_example_pins_requests_to_the_md_holding_an_opening():
+    policy = load_policy("examples/policies/held_first.py:HeldFirst", base_dir=ROOT)
+    opening = [DecoderCandidate("md0", 4, 16, 2.08, 2.3), DecoderCandidate("md1", 0, 0, 2.1, 2.0)]
+    c = Candidates(2000, [PCandidate("p0", 1.0, 0)], [], opening)
+    assert policy.place(c) == Placement("p0", None, "md0")  # the rank, not the cost
+    assert default_placement(c).md == "md1"
