@@ -231,3 +231,16 @@ def test_a_shaper_interval_across_a_rate_change_is_not_judged():
             total += got[i] * 1e9 / 8 * 0.5
     fig = F.shaper_figures(links, None)["wan/a>b"]
     assert fig == {"backlogged_s": 3.5, "delivered_ratio": 1.0}
+
+
+def test_a_shaper_interval_that_must_have_idled_is_not_judged():
+    # 1 Gbit/s; 136 KB queued at one read, 1.16 MB at the next, 9.6 MB sent between: less
+    # work than the 62.5 MB the rate could send in 0.5 s, so the queue emptied inside
+    idle = [LinkSample(100.0, "wan", "a>b", 0, 0, 0, 100.0, 1.0, 136_000),
+            LinkSample(100.5, "wan", "a>b", 9_600_000, 6400, 0, 100.0, 1.0, 1_160_000)]
+    assert F.shaper_figures(idle, None) == {}
+    # a slow shaper under load: it sent half its rate and dropped the rest at a full queue
+    slow = [LinkSample(100.0, "wan", "a>b", 0, 0, 0, 100.0, 1.0, 3_000_000),
+            LinkSample(100.5, "wan", "a>b", 31_250_000, 20_833, 20_000, 100.0, 1.0, 3_000_000)]
+    assert F.shaper_figures(slow, None)["wan/a>b"] == {"backlogged_s": 0.5,
+                                                       "delivered_ratio": 0.5}
