@@ -64,3 +64,35 @@ def test_a_reserve_appends_a_round_and_takes_over_the_roles():
     with pytest.raises(ValueError, match=r"reserve\.from_position"):
         Reserve.read(dict(data, reserve={"round": 1, "from_position": -0.5, "lost": "x",
                                          "t": 1}))
+
+
+def test_the_placement_candidates_round_trip_and_a_bad_one_is_refused_by_name():
+    placed = dataclasses.replace(ROUTED, placement={
+        "MAIN_DECODE": {"md0": {"active": 2, "held_tokens": 16, "transfer_s": 0.1,
+                                "decode_s": 3.9},
+                        "md1": {"active": 0, "held_tokens": 0, "transfer_s": 0.13,
+                                "decode_s": 3.85}}})
+    again = Decision.read(placed.data())
+    assert again.placement["MAIN_DECODE"]["md1"]["decode_s"] == 3.85
+    assert Decision.read(ROUTED.data()).placement == {}  # records made before it: none
+    bad = dict(placed.data(), placement={"MAIN_DECODE": {"md0": {"active": "two"}}})
+    with pytest.raises(ValueError, match=r"decision\.placement\.MAIN_DECODE\.md0\.active"):
+        Decision.read(bad)
+    with pytest.raises(ValueError, match=r"decision\.placement: expected an object"):
+        Decision.read(dict(placed.data(), placement=[1]))
+
+
+def test_the_router_records_the_candidates_it_placed_among():
+    from testbed.pdd.policy import Candidates, DecoderCandidate, PCandidate
+    from testbed.pdd.roles.router import placement_record
+
+    c = Candidates(100, [PCandidate("p1", 12.5, 16), PCandidate("p2", 11.0, 0)],
+                   [DecoderCandidate("rld1", 1, 0, 0.0, 2.0)],
+                   [DecoderCandidate("md1", 2, 16, 0.1, 3.9),
+                    DecoderCandidate("md2", 0, 0, 0.13, 3.85)], 300)
+    rec = placement_record(c, now=10.0)
+    assert rec["PREFILL"] == {"p1": {"prefill_end_s": 2.5, "hit_tokens": 16},
+                              "p2": {"prefill_end_s": 1.0, "hit_tokens": 0}}
+    assert "RELAY_DECODE" not in rec  # one instance: no choice to record
+    assert rec["MAIN_DECODE"]["md1"] == {"active": 2, "held_tokens": 16, "transfer_s": 0.1,
+                                         "decode_s": 3.9}
