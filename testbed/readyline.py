@@ -27,13 +27,16 @@ def wait_ready(proc: subprocess.Popen, timeout_s: float, poll_s: float = 0.1) ->
     stdout first; TIMED_OUT after ``timeout_s``. Other lines are skipped.
 
     Reads the pipe's descriptor, not the buffered file: a buffered ``readline``
-    would take several lines into its buffer at once, and ``select`` on the
-    descriptor would then never see the ones behind the first."""
+    would take several lines into its buffer at once, and polling the
+    descriptor would then never see the ones behind the first. ``poll``, not
+    ``select``: select refuses a descriptor numbered 1024 or more, which a
+    long-lived launcher (``testbed suite``) can reach."""
     fd, pending = proc.stdout.fileno(), b""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        r, _, _ = select.select([fd], [], [], poll_s)
-        if r:
+        if poller.poll(poll_s * 1000):
             chunk = os.read(fd, 4096)
             if not chunk:  # end of file: the child closed stdout or exited
                 proc.poll()
