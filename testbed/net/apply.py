@@ -177,6 +177,14 @@ class EmulatedNetwork:
         # the namespace's shell holds no state: kill it outright
         stop_process(host.shell.pid, None, first=signal.SIGKILL)
         host.shell = None
+        # and close the pty Mininet opened for it (its Node.cleanup does the same): left
+        # open, two descriptors per host per mode added up in one testbed suite until a
+        # descriptor past 1024 broke select() at the 19th scenario
+        for close in (host.stdin.close, lambda: os.close(host.slave)):
+            try:
+                close()
+            except OSError:
+                pass
 
     def _AddSwitch(self, step: P.AddSwitch) -> None:
         ipr = self.ipr(None)

@@ -7,6 +7,7 @@ Tolerances are the calibration's: rate +-5% of nominal/k (TCP goodput at
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -55,6 +56,19 @@ def test_build_and_teardown_leave_nothing(topo, clean_host):
         routes = net.run("p1", ["ip", "route"]).stdout
         assert "default" not in routes
     assert_gone(record)
+
+
+def test_build_and_teardown_close_their_descriptors(topo, clean_host):
+    """A long-lived launcher (testbed suite) builds a network per mode: each teardown
+    must close what its build opened (the namespaces' shells' ptys leaked two per host
+    until a suite's 19th scenario passed select()'s 1024)."""
+    with open_network(topo):
+        pass  # whatever is opened once and kept (loggers, netlink) is opened here
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(2):
+        with open_network(topo):
+            pass
+    assert len(os.listdir("/proc/self/fd")) <= before
 
 
 def test_wan_rtt_rate_and_loss_within_tolerance(topo, clean_host):
