@@ -239,7 +239,7 @@ def cmd_spread(args) -> int:
 
     if args.from_runs:
         dirs = [Path(d) for d in args.from_runs]
-        name = json.loads((dirs[0] / "summary.json").read_text()).get("scenario", dirs[0].name)
+        name = load_summaries(dirs[:1])[0][1].get("scenario", dirs[0].name)
         out = Path(args.out) if args.out else dirs[0].parent
     else:
         if not args.scenario:

@@ -5,7 +5,8 @@ measured, their min / median / max, how many passed, and whether the bound
 lies inside the spread) and ``spread_markdown``. Input is each run's
 summary.json (``expectations``: name, value, bound, passed; ``fidelity``)
 with a label saying which seed it used. Pure: the caller reads the files
-(``load_summaries``) and writes spread.json / spread.md.
+(``load_summaries``, a ReportError naming the file it cannot read) and
+writes spread.json / spread.md.
 
 An expectation is *stable* when every run gave it the same verdict; it
 *flips* otherwise. Its bound is *inside* the spread when it lies between
@@ -27,6 +28,8 @@ import re
 from pathlib import Path
 from statistics import median
 from typing import Mapping, Sequence
+
+from testbed.report.rundir import ReportError
 
 _BOUND = re.compile(r"([<>]=?|==)\s*([-+0-9.eE]+)")
 
@@ -103,7 +106,16 @@ def load_summaries(dirs: Sequence[Path]) -> list[tuple[str, dict]]:
     and the seed its metadata.json records."""
     out = []
     for d in dirs:
-        summary = json.loads((Path(d) / "summary.json").read_text())
+        path = Path(d) / "summary.json"
+        try:
+            summary = json.loads(path.read_text())
+        except OSError as err:
+            raise ReportError(f"{path}: not readable ({err.strerror}): a run directory "
+                              "has a summary.json (testbed report DIR writes one)") from None
+        except ValueError as err:
+            raise ReportError(f"{path}: not valid JSON ({err})") from None
+        if not isinstance(summary, dict):
+            raise ReportError(f"{path}: expected a JSON object, got {type(summary).__name__}")
         try:
             seed = json.loads((Path(d) / "metadata.json").read_text()).get("seed")
         except (OSError, ValueError):

@@ -60,3 +60,16 @@ def test_with_seed_reseeds_the_run_and_every_workload():
     assert again.seed == 99 and again.workload.synthetic.seed == 99
     assert all(m.workload.synthetic.seed == 99 for m in again.modes)
     assert sc.workload.synthetic.seed == 61  # the original is unchanged
+
+
+def test_a_run_without_a_readable_summary_is_named(tmp_path):
+    import pytest
+
+    from testbed.report.rundir import ReportError
+
+    with pytest.raises(ReportError, match=r"nope/summary.json: not readable"):
+        load_summaries([tmp_path / "nope"])
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "summary.json").write_text("{")
+    with pytest.raises(ReportError, match=r"bad/summary.json: not valid JSON"):
+        load_summaries([tmp_path / "bad"])
