@@ -163,8 +163,8 @@ def _roles(owner: str, value: object) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class Decision:
-    """The router's record of one request: routed (``routing`` set) or refused
-    (``pipeline`` None, ``reason`` says why)."""
+    """The router's record of one request: routed (``routing`` set), or refused or
+    ended before it was bound (``pipeline`` None, ``reason`` says why)."""
 
     pipeline: str | None     # p-md, p-rld-md, rld-only; None: refused before routing
     reason: str
@@ -176,6 +176,9 @@ class Decision:
     # the candidates the placement chose among: role -> instance -> figures (P:
     # prefill_end_s, hit_tokens; a decoder: active, held_tokens, transfer_s, decode_s)
     placement: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+    # bound late (the request waited in P's queue; decided when its prefill started, at
+    # t_route): when it arrived (monotonic); None: decided on arrival
+    t_arrival: float | None = None
 
     @property
     def refused(self) -> bool:
@@ -198,6 +201,8 @@ class Decision:
         if self.placement:
             out["placement"] = {role: {name: dict(f) for name, f in insts.items()}
                                 for role, insts in self.placement.items()}
+        if self.t_arrival is not None:
+            out["t_arrival"] = self.t_arrival
         return out
 
     @classmethod
@@ -217,7 +222,9 @@ class Decision:
                    _check("decision", "mode", data.get("mode"), "str"),
                    _roles("decision", data.get("roles")), dict(instances),
                    Routing.read(data) if "t_route" in data else None,
-                   tuple(Reserve.read(r) for r in reserves), _placement(data.get("placement")))
+                   tuple(Reserve.read(r) for r in reserves), _placement(data.get("placement")),
+                   None if data.get("t_arrival") is None
+                   else _check("decision", "t_arrival", data["t_arrival"], _NUMBER))
 
     @classmethod
     def of_record(cls, record: Mapping) -> "Decision | None":

@@ -82,6 +82,14 @@ def test_the_placement_candidates_round_trip_and_a_bad_one_is_refused_by_name():
         Decision.read(dict(placed.data(), placement=[1]))
 
 
+def test_a_late_bound_decision_keeps_its_arrival_and_a_bad_one_is_refused_by_name():
+    late = dataclasses.replace(ROUTED, t_arrival=12.5)
+    assert Decision.read(late.data()).t_arrival == 12.5
+    assert Decision.read(ROUTED.data()).t_arrival is None  # decided on arrival
+    with pytest.raises(ValueError, match=r"decision\.t_arrival: expected"):
+        Decision.read(dict(late.data(), t_arrival="soon"))
+
+
 def test_the_router_records_the_candidates_it_placed_among():
     from testbed.pdd.policy import Candidates, DecoderCandidate, PCandidate
     from testbed.pdd.roles.router import placement_record

@@ -28,6 +28,8 @@ from testbed.pdd.wire.protocol import (
     KvChunk,
     KvDone,
     KvNeed,
+    Started,
+    Bind,
     KvReady,
     MsgType,
     Report,
@@ -61,6 +63,8 @@ SAMPLES = [
     Cancel(),
     KvNeed(start=4096, num_tokens=65536),
     Report(Role.MAIN_DECODE, "md0", {"md_hit_rate": 0.9, "kv_wan_bytes": 4096, "batches": [3, 1]}),
+    Started(hit_tokens=1024),
+    Bind({"pipeline": "p-rld-md", "rld": "rld1", "md": "md2"}),
 ]
 
 
@@ -393,3 +397,12 @@ def test_a_capped_feed_keeps_the_rest_and_decodes_it_first_next_time():
     assert dec.feed(b"", max_frames=3) == frames[3:6]
     assert dec.feed(stream[cut:], max_frames=3) == frames[6:]
     assert dec.undecoded == 0 and dec.buffered == 0
+
+
+def test_bind_needs_a_pipeline_and_an_object():
+    with pytest.raises(ProtocolError, match="BIND.*metadata.pipeline must be a str, got None"):
+        Bind({"md": "md1"})
+    with pytest.raises(ProtocolError, match="JSON must be an object"):
+        decode_payload(MsgType.BIND, b"[1]")
+    with pytest.raises(ProtocolError, match="STARTED"):
+        decode_payload(MsgType.STARTED, b"\x00\x01")

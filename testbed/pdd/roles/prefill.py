@@ -3,7 +3,13 @@
 Request lifecycle at P (docs/pdd-roles.md, steps 3-4):
 
 1. REQUEST from the router (metadata: pipeline, rld, md) joins a FIFO; one
-   prefill runs at a time (the instance is compute-bound).
+   prefill runs at a time (the instance is compute-bound). A request the
+   router left unbound (metadata ``bind: "late"``, no pipeline: it waited in
+   this queue, docs/pdd-roles.md "Late binding") is bound when its prefill
+   starts: P sends the router STARTED(hit tokens) and the router answers BIND
+   with the pipeline, rld and md, which P merges into the metadata. The
+   prefill runs meanwhile; the paths start once the BIND is in (the local one
+   at once, the WAN one at the prefill's end, as below).
 2. Prefill: match the prompt in P's prefix cache (RadixCache, block
    ``prefill.block_size``, values = per-block KV segments), run the tiny
    model on the missing suffix, pad to ``prefill_s(new, cached)`` on GPU_A
@@ -53,8 +59,8 @@ from testbed.pdd.wire.kvpayload import chunk_frame_bytes, kv_chunk
 from testbed.pdd.compute.engine import Cache, argmax
 from testbed.pdd.compute.pacing import AsyncPacer
 from testbed.pdd.roles.peers import Peer, RoleServer
-from testbed.pdd.wire.protocol import (Cancel, Error, ErrorCode, Frame, KvDone, KvNeed, Report,
-                                  Request, Role)
+from testbed.pdd.wire.protocol import (Bind, Cancel, Error, ErrorCode, Frame, KvDone, KvNeed,
+                                       Report, Request, Role, Started)
 from testbed.pdd.compute.radix import RadixCache
 from testbed.pdd.wire.transport import ConnectionClosed, TcpCounters, Transport
 from testbed.pdd.wire.status import TcpStatus
@@ -78,6 +84,7 @@ class PrefillJob:
     hit: int = 0  # tokens P's prefix cache held
     prefilled: asyncio.Event = field(default_factory=asyncio.Event)  # the prefill ended
     early: asyncio.Task | None = None  # the layer-wise local path, started with the prefill
+    bound: asyncio.Future | None = None  # a late-bound request's BIND (None: bound at REQUEST)
 
     @property
     def pipeline(self) -> Pipeline:
@@ -158,12 +165,24 @@ class PrefillNode(RoleServer):
                 self.stray(peer, frame, "a second REQUEST for a request P holds")
             elif isinstance(msg, Request):
                 job = PrefillJob(rid, msg, time.monotonic())
+                if msg.metadata.get("bind") == "late":
+                    job.bound = asyncio.get_running_loop().create_future()
                 self.jobs[rid] = job
                 self._queue.put_nowait(job)
+            elif isinstance(msg, Bind) and job is not None and job.bound is not None \
+                    and not job.bound.done():
+                req = job.request
+                job.request = Request(req.prompt_token_ids, req.max_output_tokens,
+                                      {**{k: v for k, v in req.metadata.items() if k != "bind"},
+                                       **msg.metadata})
+                job.bound.set_result(None)
+            elif isinstance(msg, Bind):
+                self.stray(peer, frame, "a BIND for a request P does not hold unbound")
             elif isinstance(msg, Cancel) and job is not None:
                 job.cancelled = True
-                if job.need is not None and not job.need.done():
-                    job.need.cancel()
+                for waiting in (job.need, job.bound):
+                    if waiting is not None and not waiting.done():
+                        waiting.cancel()
         elif isinstance(msg, Cancel) and job is not None and peer.role == Role.MAIN_DECODE:
             job.md_cancelled = True
             if job.need is not None and not job.need.done():
@@ -202,6 +221,8 @@ class PrefillNode(RoleServer):
         prompt = job.request.prompt_token_ids
         t_start = time.monotonic()
         hit = self.prefix.match(prompt)
+        if job.bound is not None and self.router is not None:
+            await self.router.send(job.rid, Started(hit.n_tokens))
         cache = cache_from_blocks(self.model, hit.values, len(prompt))
         # In a worker thread (torch releases the GIL while it computes): the loop keeps
         # shipping earlier requests' KV meanwhile, instead of stalling their transfers
@@ -214,9 +235,8 @@ class PrefillNode(RoleServer):
         job.cache, job.token0 = cache, argmax(logits)
         job.t_start, job.hit = t_start, hit.n_tokens
         job.t_end_est = t_start + max(real_s, modeled_s * self.pacer.time_scale)
-        if self.cfg.prefill.layerwise_local and \
-                job.pipeline in (Pipeline.P_RLD_MD, Pipeline.RLD_ONLY):
-            job.early = self.spawn(self._ship_path(job, Role.RELAY_DECODE), f"local {job.rid}")
+        if self.cfg.prefill.layerwise_local:
+            job.early = self.spawn(self._early_local(job), f"local {job.rid}")
         overrun = await self.pacer.pad(modeled_s, real_s)
         job.report.update(p_hit_rate=hit.n_tokens / len(prompt), hit_tokens=hit.n_tokens,
                           prompt_len=len(prompt), queue_s=t_start - job.t_queued,
@@ -227,7 +247,30 @@ class PrefillNode(RoleServer):
                           t_prefill_end=time.monotonic())
         job.prefilled.set()
 
+    async def _bound(self, job: PrefillJob) -> bool:
+        """Wait for a late-bound job's BIND; False if the job was cancelled first."""
+        if job.bound is None:
+            return True
+        try:
+            await job.bound
+        except asyncio.CancelledError:
+            if job.cancelled:
+                return False
+            raise
+        return True
+
+    async def _early_local(self, job: PrefillJob) -> None:
+        """The layer-wise local path, from the prefill's start (once bound), if the
+        pipeline has RLD."""
+        if await self._bound(job) and job.pipeline in (Pipeline.P_RLD_MD, Pipeline.RLD_ONLY):
+            await self._ship_path(job, Role.RELAY_DECODE)
+
     async def _ship(self, job: PrefillJob) -> None:
+        if not await self._bound(job):
+            if job.early is not None:
+                await job.early
+            self._finish(job, {"cancelled": True})
+            return
         paths = []
         if job.early is not None:
             paths.append(job.early)

@@ -20,7 +20,11 @@ sends TOKENS, DONE, ERROR and REPORT back on it). Per request:
    the client (the decision record, ``testbed.decision.Decision``: ``pipeline``,
    ``reason``, ``roles``, and its ``Routing``: ``t_route``, ``predicted_wan_s``,
    ``predicted_kv_at_md_s``, backlog, capacity, RTT, RLD load) and sends P
-   the REQUEST with metadata {pipeline, rld, md}.
+   the REQUEST with metadata {pipeline, rld, md}. Late binding: a request
+   that would wait in P's queue gets only its P on arrival (REQUEST with
+   {bind: "late"}); the rest of this step runs when P's STARTED says its
+   prefill starts, and P gets BIND({pipeline, rld, md}) (``_queue_unbound``,
+   ``_bind_late``; docs/pdd-roles.md, message flow step 2).
 2. TOKENS, DONE, ERROR and REPORT from the roles are forwarded to the client
    under the client's request id. The router keeps every token id RLD
    emitted (for RLD loss), counts RLD's live requests and their modeled KV
@@ -56,8 +60,9 @@ from typing import Sequence
 from testbed.decision import Decision, Reserve, Routing
 from testbed.pdd.run.config import ClusterConfig, Mode, Pipeline
 from testbed.pdd.roles.peers import Peer, RoleServer
-from testbed.pdd.wire.protocol import (Cancel, Done, Error, ErrorCode, FinishReason, Frame, Handoff,
-                                  Health, HealthAck, Report, Request, Role, Tokens)
+from testbed.pdd.wire.protocol import (Bind, Cancel, Done, Error, ErrorCode, FinishReason, Frame,
+                                       Handoff, Health, HealthAck, Report, Request, Role, Started,
+                                       Tokens)
 from testbed.pdd.policy import (POLICY_BUDGET_S, Candidates, DecoderCandidate, PCandidate,
                                 RouteDecision, RouteInputs, default_placement, load_policy)
 from testbed.pdd.roles.routing import InflightPrefixes, PrefixMirror, RldBudget
@@ -75,6 +80,9 @@ class PolicyFailure(Exception):
     request fails with this message; the router serves on."""
 
 RECOVERY_BATCH = 1000  # batch number of the router's HANDOFF after RLD loss
+# A request that would wait in P's queue longer than this is bound late (at its
+# prefill's start, ``RouterNode._queue_unbound``); one that would not, at once.
+LATE_BIND_S = 0.001
 _ROLES = (Role.PREFILL, Role.RELAY_DECODE, Role.MAIN_DECODE)
 
 
@@ -85,7 +93,7 @@ class Routed:
     rid: int
     client: Peer
     client_rid: int
-    pipeline: Pipeline
+    pipeline: Pipeline | None  # None while late-bound and not yet bound
     names: dict[Role, str]  # the instances of the pipeline's roles
     request: Request | None = None  # the client's request (re-served from it)
     delivered: list[int] = field(default_factory=list)  # ids forwarded, by client position
@@ -105,6 +113,7 @@ class Routed:
     # request from another connection (the instance restarted since) is not this round's
     conns: dict[Role, Peer] = field(default_factory=dict)
     told_off: set[int] = field(default_factory=set)  # id() of connections sent CANCEL for it
+    t_arrival: float | None = None  # late-bound: when it arrived (bound at P's STARTED)
 
     def bind(self, out: dict[str, Peer]) -> None:
         """Bind this round to the router's current connections of its instances."""
@@ -360,6 +369,11 @@ class RouterNode(RoleServer):
         try:
             cands = self._candidates(req.prompt_token_ids, req.max_output_tokens)
             names = self._choose(req.prompt_token_ids, c=cands)
+            p = names[Role.PREFILL]
+            now = time.monotonic()
+            if p is not None and self.p_free_at.get(p, now) > now + LATE_BIND_S:
+                await self._queue_unbound(client, client_rid, req, p, now)
+                return
             r, info = self._decide(client, client_rid, req, names, cands)
         except PolicyFailure as err:
             self.policy_errors += 1
@@ -376,10 +390,7 @@ class RouterNode(RoleServer):
         if missing:
             await self._end(r, f"no live instance of {', '.join(missing)}")
             return
-        if r.names.get(Role.RELAY_DECODE):
-            rld = r.names[Role.RELAY_DECODE]
-            self.rld_active[rld] = self.rld_active.get(rld, 0) + 1
-            self.rld_held[rld] = self.rld_held.get(rld, 0) + r.rld_tokens_held
+        self._count_rld(r)
         meta = dict(req.metadata, pipeline=r.pipeline.value, rld=names[Role.RELAY_DECODE],
                     md=names[Role.MAIN_DECODE])
         p = await self.peer_if_live(r.names[Role.PREFILL])
@@ -387,18 +398,81 @@ class RouterNode(RoleServer):
                                                         req.max_output_tokens, meta)):
             await self._end(r, "prefill unavailable")
 
+    async def _queue_unbound(self, client: Peer, client_rid: int, req: Request, p: str,
+                             now: float) -> None:
+        """Late binding: ``req`` would wait in P's queue, so only its P is chosen now (P's
+        mirror and queue take it); the pipeline and decoders are chosen when its prefill
+        starts (P's STARTED, ``_bind_late``), on the WAN and loads of that moment: a WAN
+        dip that begins while the request queues is seen by its decision."""
+        prompt, timing = req.prompt_token_ids, self.cfg.timing
+        hit = self._p_mirror(p).route(prompt)
+        prefill_s = timing.cost(Role.PREFILL).prefill_s(len(prompt) - hit, hit)
+        self.p_free_at[p] = max(now, self.p_free_at.get(p, now)) + prefill_s * timing.time_scale
+        r = Routed(self._new_rid(), client, client_rid, None, {Role.PREFILL: p}, request=req,
+                   t_arrival=now)
+        r.bind(self._out)
+        self.requests[r.rid] = r
+        self._by_client[(id(client), client_rid)] = r
+        peer = await self.peer_if_live(p)
+        if peer is None or not await peer.send(r.rid, Request(
+                prompt, req.max_output_tokens, dict(req.metadata, bind="late"))):
+            await self._end(r, "prefill unavailable")
+
+    async def _bind_late(self, r: Routed, hit: int) -> None:
+        """P started the prefill of unbound ``r`` with ``hit`` tokens cached: choose its
+        pipeline and decoders now, report the decision, and BIND them at P."""
+        req, p = r.request, r.names[Role.PREFILL]
+        try:
+            cands = self._candidates(req.prompt_token_ids, req.max_output_tokens)
+            names = self._choose(req.prompt_token_ids, c=cands)
+            names[Role.PREFILL] = p  # P is the one prefilling it
+            bound, info = self._decide(r.client, r.client_rid, req, names, cands,
+                                       started=(hit, r.rid, r.t_arrival))
+        except PolicyFailure as err:
+            self.policy_errors += 1
+            if self.policy_errors <= 20:
+                log.warning("%s: %s", self.name, err)
+            await self._end(r, str(err))
+            return
+        r.pipeline, r.names = bound.pipeline, bound.names
+        r.rld_tokens_held, r.md_prompt = bound.rld_tokens_held, bound.md_prompt
+        r.bind(self._out)
+        await r.client.send(r.client_rid, Report(Role.ROUTER, self.name, info.data()))
+        missing = [role.name for role, n in r.names.items() if n is None]
+        if missing:
+            await self._end(r, f"no live instance of {', '.join(missing)}")
+            return
+        self._count_rld(r)
+        peer = await self.peer_if_live(p)
+        if peer is None or not await peer.send(r.rid, Bind({
+                "pipeline": r.pipeline.value, "rld": names[Role.RELAY_DECODE],
+                "md": names[Role.MAIN_DECODE]})):
+            await self._end(r, "prefill unavailable")
+
+    def _count_rld(self, r: Routed) -> None:
+        """RLD's load takes routed ``r`` (its live requests and modeled KV tokens)."""
+        if r.names.get(Role.RELAY_DECODE):
+            rld = r.names[Role.RELAY_DECODE]
+            self.rld_active[rld] = self.rld_active.get(rld, 0) + 1
+            self.rld_held[rld] = self.rld_held.get(rld, 0) + r.rld_tokens_held
+
     def _decide(self, client: Peer, client_rid: int, req: Request, names: dict,
-                cands: Candidates) -> tuple[Routed, Decision]:
-        """The pipeline of ``req`` and its decision record (every input, the prediction)."""
+                cands: Candidates, started: tuple[int, int, float] | None = None
+                ) -> tuple[Routed, Decision]:
+        """The pipeline of ``req`` and its decision record (every input, the prediction).
+        ``started``: (P's hit tokens, request id, arrival time) of a late-bound request
+        whose prefill starts now (P and its queue were counted at arrival)."""
         now, cfg, timing = time.monotonic(), self.cfg, self.cfg.timing
         prompt, n = req.prompt_token_ids, len(req.prompt_token_ids)
-        hit = self._p_mirror(names[Role.PREFILL]).route(prompt) \
-            if names[Role.PREFILL] is not None else 0
+        p_name = names[Role.PREFILL]
+        if started is not None:
+            hit = started[0]
+        else:
+            hit = self._p_mirror(p_name).route(prompt) if p_name is not None else 0
         md_mirror = self._md_mirror(names[Role.MAIN_DECODE])
         md_hit = hit if md_mirror is None else md_mirror.hit(prompt)
-        p_name = names[Role.PREFILL]
         prefill_s = timing.cost(Role.PREFILL).prefill_s(n - hit, hit) * timing.time_scale
-        p_start = max(now, self.p_free_at.get(p_name, now))
+        p_start = now if started is not None else max(now, self.p_free_at.get(p_name, now))
         p_end = p_start + prefill_s
         md = names[Role.MAIN_DECODE]
         shared, dep_arrival = self.md_inflight.longest(md, prompt)
@@ -438,10 +512,11 @@ class RouterNode(RoleServer):
             involved.add(Role.RELAY_DECODE)
         if d.pipeline != Pipeline.RLD_ONLY:
             involved.add(Role.MAIN_DECODE)
-        r = Routed(self._new_rid(), client, client_rid, d.pipeline,
-                   {role: names[role] for role in involved})
-        if p_name is not None:
-            self.p_free_at[p_name] = p_end
+        r = Routed(self._new_rid() if started is None else started[1], client, client_rid,
+                   d.pipeline, {role: names[role] for role in involved})
+        if p_name is not None:  # a late one: P may run behind what its queue said
+            self.p_free_at[p_name] = p_end if started is None \
+                else max(p_end, self.p_free_at.get(p_name, p_end))
         if Role.RELAY_DECODE in involved:
             r.rld_tokens_held = held
             self.local.commit(r.rid, n * kv_token_bytes, local_start)
@@ -476,7 +551,8 @@ class RouterNode(RoleServer):
         info = Decision(d.pipeline.value, d.reason, cfg.mode.value,
                         tuple(role.name for role in ordered),
                         {role.name: names[role] for role in ordered}, routing,
-                        placement=placement_record(cands, now))
+                        placement=placement_record(cands, now),
+                        t_arrival=None if started is None else round(started[2], 6))
         return r, info
 
     def _policy_decide(self, inputs: RouteInputs) -> tuple[RouteDecision, float]:
@@ -529,6 +605,10 @@ class RouterNode(RoleServer):
         return self._out[name]
 
     async def _from_role(self, peer: Peer, r: Routed, msg) -> None:
+        if isinstance(msg, Started):
+            if r.pipeline is None and not r.terminal and peer.role == Role.PREFILL:
+                await self._bind_late(r, msg.hit_tokens)
+            return
         if isinstance(msg, Report):
             await self._on_report(r, msg)
             return
@@ -733,6 +813,11 @@ class RouterNode(RoleServer):
             self._transfer_over(r.rid)
         if r.reports >= set(r.names):
             self._forget(r)
+        if r.pipeline is None:  # ended unbound, before its prefill started: no pipeline
+            why = failure or "cancelled"
+            unbound = Decision(None, f"ended before its prefill started: {why}",
+                               self.cfg.mode.value, t_arrival=r.t_arrival)
+            await r.client.send(r.client_rid, Report(Role.ROUTER, self.name, unbound.data()))
         if failure is not None:
             await r.client.send(r.client_rid, Error(ErrorCode.UNAVAILABLE, failure))
         elif done is not None:

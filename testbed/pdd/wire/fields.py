@@ -40,6 +40,8 @@ class MsgType(enum.IntEnum):
     CANCEL = 13
     KV_NEED = 14
     REPORT = 15
+    STARTED = 16
+    BIND = 17
 
 
 class Role(enum.IntEnum):

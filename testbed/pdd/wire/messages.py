@@ -26,6 +26,9 @@ order, unsigned integers; ranges are half-open ``[start, end)``)::
   CANCEL       empty
   KV_NEED      !II start, num_tokens (MD lacks prompt KV [start, num_tokens))
   REPORT       JSON {"role": Role name, "name": str, "data": object}
+  STARTED      !I hit_tokens (P -> router: the request's prefill starts now)
+  BIND         JSON metadata object (router -> P: the pipeline and decoders of a
+               request P holds unbound: {"pipeline", "rld", "md"})
 
 Token positions of TOKENS and HANDOFF are contiguous: ids[i] sits at
 ``start_position + i``.
@@ -472,10 +475,45 @@ class Report(Message):
         return cls(Role[role], wire.json_field(cls.MSG_TYPE, obj, "name", str), data)
 
 
+@dataclass(frozen=True)
+class Started(_Fixed):
+    """P -> router: the prefill of a request P holds unbound starts now; P's prefix
+    cache holds ``hit_tokens`` of its prompt. The router binds the request then (BIND)."""
+
+    MSG_TYPE: ClassVar[MsgType] = MsgType.STARTED
+    LAYOUT: ClassVar[struct.Struct] = struct.Struct("!I")
+    hit_tokens: int
+
+
+@dataclass(frozen=True)
+class Bind(Message):
+    """Router -> P: the pipeline and decoders of a request P holds unbound (its REQUEST's
+    metadata ``bind`` was ``"late"``), merged into the REQUEST's metadata.
+
+    Example: ``Bind({"pipeline": "p-rld-md", "rld": "rld1", "md": "md2"})``."""
+
+    MSG_TYPE: ClassVar[MsgType] = MsgType.BIND
+    metadata: dict
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.metadata, dict):
+            raise wire.fail(self.MSG_TYPE, f"metadata must be a dict, got {self.metadata!r}")
+        if not isinstance(self.metadata.get("pipeline"), str):
+            raise wire.fail(self.MSG_TYPE, "metadata.pipeline must be a str, got "
+                                           f"{self.metadata.get('pipeline')!r}")
+
+    def encode(self) -> bytes:
+        return wire.dump_json(self.MSG_TYPE, self.metadata)
+
+    @classmethod
+    def decode(cls, payload: bytes) -> Bind:
+        return cls(wire.load_json(cls.MSG_TYPE, payload))
+
+
 MESSAGE_CLASSES: dict[MsgType, type[Message]] = {
     cls.MSG_TYPE: cls
     for cls in (Hello, Request, KvChunk, KvDone, Tokens, Handoff, HandoffAck,
-                KvReady, Done, Error, Health, HealthAck, Cancel, KvNeed, Report)
+                KvReady, Done, Error, Health, HealthAck, Cancel, KvNeed, Report, Started, Bind)
 }
 assert set(MESSAGE_CLASSES) == set(MsgType), "every MsgType needs a payload class"
 

@@ -54,6 +54,7 @@ from typing import Union
 from testbed.errors import ProtocolError
 from testbed.pdd.wire.messages import (
     MESSAGE_CLASSES,
+    Bind,
     Cancel,
     Done,
     Error,
@@ -69,6 +70,7 @@ from testbed.pdd.wire.messages import (
     Message,
     Report,
     Request,
+    Started,
     Tokens,
     decode_payload,
     fixed_payload_size,
@@ -79,9 +81,9 @@ __all__ = [  # framing, plus the payload classes and wire enums it re-exports
     "HEADER_SIZE", "MAGIC", "MAX_FRAME_BYTES", "VERSION", "Frame", "FrameDecoder", "FrameLimits",
     "FrameHeader", "decode_frame_body", "encode_frame", "encode_frame_parts", "filler_views",
     "frame_size", "parse_header",
-    "MESSAGE_CLASSES", "Message", "decode_payload", "Cancel", "Done", "Error", "Handoff",
+    "MESSAGE_CLASSES", "Message", "decode_payload", "Bind", "Cancel", "Done", "Error", "Handoff",
     "HandoffAck", "Health", "HealthAck", "Hello", "KvChunk", "KvDone", "KvNeed", "KvReady",
-    "Report", "Request", "Tokens", "ErrorCode", "FinishReason", "MsgType", "Role",
+    "Report", "Request", "Started", "Tokens", "ErrorCode", "FinishReason", "MsgType", "Role",
 ]
 
 MAGIC = b"PD"
