@@ -270,8 +270,13 @@ def shaper_figures(links: Sequence, window) -> dict:
     at the end, what it dropped) was at least what its rate could send in the interval:
     less, and it must have idled (such an interval read 15% and alone made a faithful
     run's 9 s of backlog read 64%; on netem, a packet held in the delay stage read as a
-    backlog the same way). A shaper that is slow under load still shows: its queue and
-    drops hold the work it did not send. An interval whose ends read different
+    backlog the same way). Nor is one whose first read found less queued than the rate
+    could send in the interval and which dropped nothing: the queue may have emptied
+    and a burst arrived late in it (0.8 MB at the start, 8 MB at the end at 0.08 Gbit/s,
+    5 MB a half second: it read 28% and alone made a faithful run's 5 s of backlog read
+    92%). A shaper that is slow under load still shows: its queue grows past what the
+    rate sends in an interval, or it drops the work it did not send. An interval whose
+    ends read different
     configured rates is not judged: the rate changed somewhere inside it, and set against
     either rate its delivery says nothing of the shaper (a step from 0.08 to 1 Gbit/s
     0.1 s before the second read delivered 18% of the higher rate, and alone made a
@@ -294,8 +299,11 @@ def shaper_figures(links: Sequence, window) -> dict:
                 continue
             sent, pkts = b.bytes - a.bytes, b.packets - a.packets
             dropped = max(0, b.drops - a.drops) * (sent / pkts if pkts > 0 else 1500)
-            if sent + b.backlog_bytes + dropped < dt * a.emulated_rate_gbit * 1e9 / 8:
+            cap = dt * a.emulated_rate_gbit * 1e9 / 8
+            if sent + b.backlog_bytes + dropped < cap:
                 continue  # less work reached it than its rate could send: it idled inside
+            if a.backlog_bytes < cap and not dropped:
+                continue  # it may have emptied before a late burst
             secs += dt
             bits += (b.bytes - a.bytes) * 8
             allowed += dt * a.emulated_rate_gbit * 1e9

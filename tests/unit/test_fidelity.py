@@ -135,7 +135,8 @@ def test_delay_lines_host_ping_and_shapers_from_files(tmp_path):
     assert net["rtt"]["probes"] == 10
     assert net["rtt"]["excess_p50_ms"] == pytest.approx(0.3)
     assert net["rtt"]["excess_p99_ms"] == pytest.approx(0.3)  # the queueing is removed
-    assert net["shapers"]["wan/a>b"] == {"backlogged_s": 2.0, "delivered_ratio": 1.0}
+    # 400 KB is 8 ms of the 0.4 Gbit/s shaper's work: no 1 s interval shows it busy
+    assert "wan/a>b" not in net["shapers"]
     assert fid["host"] == {"cpu_busy_share": [0.5, 1.0], "mem_peak_bytes": 93,
                            "mem_peak_share": 0.93}
     assert fid["verdict"] == "degraded"
@@ -226,7 +227,7 @@ def test_a_shaper_interval_across_a_rate_change_is_not_judged():
     total, links = 0, []
     for i in range(9):
         links.append(LinkSample(100.0 + 0.5 * i, "wan", "a>b", int(total), 0, 0, 8.0 * rate[i] / 0.08,
-                                rate[i], 500_000))
+                                rate[i], 70_000_000))  # more than 0.5 s of either rate
         if i < 8:
             total += got[i] * 1e9 / 8 * 0.5
     fig = F.shaper_figures(links, None)["wan/a>b"]
@@ -244,3 +245,15 @@ def test_a_shaper_interval_that_must_have_idled_is_not_judged():
             LinkSample(100.5, "wan", "a>b", 31_250_000, 20_833, 20_000, 100.0, 1.0, 3_000_000)]
     assert F.shaper_figures(slow, None)["wan/a>b"] == {"backlogged_s": 0.5,
                                                        "delivered_ratio": 0.5}
+    # a burst late in the interval (a faithful run at 0.08 Gbit/s, 10 MB/s): 0.8 MB queued
+    # at one read, 8 MB at the next, 1.4 MB sent, nothing dropped: the 0.8 MB lasted
+    # 80 ms of the 0.5 s, so the queue may have been empty until the burst came
+    late = [LinkSample(100.0, "wan", "a>b", 0, 0, 0, 8.0, 0.08, 800_000),
+            LinkSample(100.5, "wan", "a>b", 1_400_000, 1000, 0, 8.0, 0.08, 8_000_000),
+            LinkSample(101.0, "wan", "a>b", 6_400_000, 4400, 0, 8.0, 0.08, 3_000_000)]
+    assert F.shaper_figures(late, None)["wan/a>b"] == {"backlogged_s": 0.5,
+                                                       "delivered_ratio": 1.0}
+    # the same queue at a shaper that sends half its rate: the second interval shows it
+    slow_late = late[:2] + [LinkSample(101.0, "wan", "a>b", 3_900_000, 2700, 0, 8.0, 0.08,
+                                       5_500_000)]
+    assert F.shaper_figures(slow_late, None)["wan/a>b"]["delivered_ratio"] == 0.5
