@@ -81,7 +81,7 @@ def _peak(intervals: Iterable[tuple[float, float]]) -> int:
     return peak
 
 
-def _own_tokens(record: Mapping, producer: str) -> list[float]:
+def token_times(record: Mapping, producer: str) -> list[float]:
     """Arrival times (monotonic) of the tokens ``producer`` made for ``record``."""
     t0 = record.get("t_sent")
     if t0 is None:
@@ -112,7 +112,7 @@ def balance(records: Sequence[Mapping], instances: Mapping[str, str],
                 continue
             row = rows[name]
             row["requests"] += 1
-            times = _own_tokens(rec, PRODUCER[role])
+            times = token_times(rec, PRODUCER[role])
             row["tokens"] += len(times)
             if role == "PREFILL":
                 p = (rec.get("reports") or {}).get("P") or {}

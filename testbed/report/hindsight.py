@@ -65,6 +65,7 @@ from statistics import median
 from typing import Iterable, Mapping, Sequence
 
 from testbed.decision import Decision
+from testbed.report.balance import token_times
 
 WORST_N = 10
 # the reasons of the modes' own rules (testbed/pdd/policy/pdd.py, p_rld.py) that hindsight
@@ -203,9 +204,7 @@ def _worst(reversed_: Iterable[dict]) -> list[dict]:
 
 # -- placements -------------------------------------------------------------------------
 def _md_tokens(record: Mapping) -> list[float]:
-    t0 = record.get("t_sent")
-    return [] if t0 is None else sorted(t0 + t[2] for t in record.get("tokens") or ()
-                                        if len(t) >= 4 and t[3] == "MD")
+    return sorted(token_times(record, "MD"))
 
 
 def _tpot(times: Sequence[float]) -> float | None:
