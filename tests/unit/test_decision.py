@@ -97,10 +97,11 @@ def test_the_router_records_the_candidates_it_placed_among():
     c = Candidates(100, [PCandidate("p1", 12.5, 16), PCandidate("p2", 11.0, 0)],
                    [DecoderCandidate("rld1", 1, 0, 0.0, 2.0)],
                    [DecoderCandidate("md1", 2, 16, 0.1, 3.9),
-                    DecoderCandidate("md2", 0, 0, 0.13, 3.85)], 300)
+                    DecoderCandidate("md2", 0, 0, 0.13, 3.85, 0.39)], 300)
     rec = placement_record(c, now=10.0)
     assert rec["PREFILL"] == {"p1": {"prefill_end_s": 2.5, "hit_tokens": 16},
                               "p2": {"prefill_end_s": 1.0, "hit_tokens": 0}}
     assert "RELAY_DECODE" not in rec  # one instance: no choice to record
     assert rec["MAIN_DECODE"]["md1"] == {"active": 2, "held_tokens": 16, "transfer_s": 0.1,
-                                         "decode_s": 3.9}
+                                         "decode_s": 3.9, "delays_s": 0.0}
+    assert rec["MAIN_DECODE"]["md2"]["delays_s"] == 0.39

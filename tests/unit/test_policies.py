@@ -4,6 +4,7 @@ the router calling a policy (its placement, its errors), and the scenario's chec
 from __future__ import annotations
 
 import asyncio
+import time
 import copy
 import re
 import textwrap
@@ -256,6 +257,24 @@ def test_a_slower_wan_weighs_a_held_prefix_more():
     assert router._choose(turn, max_out=300)[Role.MAIN_DECODE] == "md1"  # at 100 Gbit/s
     router.wan._gbit = 1.0  # the capacity the model holds after a dip
     assert router._choose(turn, max_out=300)[Role.MAIN_DECODE] == "md0"
+
+
+def test_a_congested_line_weighs_a_held_prefix_more():
+    # the case above at 100 Gbit/s, but with the line carrying other transfers: each
+    # would wait for the bytes md1 lacks too, so the prefix md0 holds is kept
+    router = router_of(FLEET3, {"token_scale": 32})
+    prompt = list(range(1000))
+    router._md_mirror("md0").record(prompt[:400])
+    hold(router, "md0", [list(range(5000, 7000))] * 8)
+    turn = prompt + [7]
+    assert router._choose(turn, max_out=300)[Role.MAIN_DECODE] == "md1"
+    for rid in range(12):
+        router.wan.commit(10_000 + rid, 2e9, time.monotonic())
+    c = router._candidates(turn, 300)
+    md0, md1 = (next(m for m in c.md if m.name == n) for n in ("md0", "md1"))
+    assert md1.delays_s == pytest.approx(12 * md1.transfer_s)
+    assert md0.delays_s < md1.delays_s
+    assert router._choose(turn, c=c)[Role.MAIN_DECODE] == "md0"
 
 
 def test_a_policy_places_the_request(policy_file):

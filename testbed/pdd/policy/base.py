@@ -88,12 +88,16 @@ class DecoderCandidate:
     # router's capacity estimate (RLD: 0, every RLD gets the whole prompt on one path)
     decode_s: float = 0.0  # the request's max_out decode steps in its batch, this request
     # added (the cost model's step at batch active + 1 and their summed contexts)
+    delays_s: float = 0.0  # MD: what its transfer adds to the others sharing the WAN line
+    # (transfer_s for each transfer in flight there: the line is one, so every byte
+    # placed on it delays each of them as much; RLD: 0)
 
     @property
     def cost_s(self) -> float:
-        """What placing the request here costs it: the KV it must still move, plus its
-        decode in this instance's batch."""
-        return self.transfer_s + self.decode_s
+        """What placing the request here costs: the KV it must still move and its decode
+        in this instance's batch (its own time), plus what its transfer adds to the
+        transfers it shares the WAN line with."""
+        return self.transfer_s + self.decode_s + self.delays_s
 
 
 @dataclass(frozen=True)
@@ -126,16 +130,21 @@ def default_placement(c: Candidates) -> Placement:
       prefix cache lacks: a held prefix is worth the prefill it saves, a queue what it
       delays), then the one holding more of the prompt;
     - MD: the least ``cost_s`` (the WAN time of the KV it lacks + the request's decode
-      in its batch): a held prefix is worth the transfer it saves at the WAN's current
-      rate, a load what its batch adds to the request's decode. A session's long prefix
+      in its batch + ``delays_s``, what the transfer adds to the others on the line): a
+      held prefix is worth the transfer it saves at the WAN's current rate, to this
+      request and to every transfer that shares the line with it; a load is worth what
+      its batch adds to the request's decode. A session's long prefix
       (seconds of WAN time) keeps it on the MD that holds it; a one-block common opening
       (milliseconds) loses to any load difference, so it cannot pin the fleet to one
       decoder. Then the one holding more, then the least loaded;
     - RLD: the least ``decode_s``, then the least loaded.
 
     Ties by name. The MD cost is the one Dynamo's KV router minimises (a weighted
-    overlap plus load: docs/policies.md, "Placement"), in seconds of this request's time
-    instead of blocks, so a slow WAN weighs a held prefix more."""
+    overlap plus load: docs/policies.md, "Placement"), in seconds instead of blocks, so
+    a slow WAN weighs a held prefix more, and a congested line (many transfers sharing
+    it, each delayed by what this one adds) more again. What a request adds to its
+    batch-mates' steps is not priced: it is per-token time of requests already
+    decoding, while a transfer delays first tokens."""
     p = min(c.p, default=None, key=lambda x: (round(x.prefill_end_s, 6), -x.hit_tokens, x.name))
     md = min(c.md, default=None,
              key=lambda x: (round(x.cost_s, 6), -x.held_tokens, x.active, x.name))

@@ -138,7 +138,8 @@ def placement_record(c: Candidates, now: float) -> dict:
         if len(pool) > 1:
             out[role] = {x.name: {"active": x.active, "held_tokens": x.held_tokens,
                                   "transfer_s": round(x.transfer_s, 6),
-                                  "decode_s": round(x.decode_s, 6)} for x in pool}
+                                  "decode_s": round(x.decode_s, 6),
+                                  "delays_s": round(x.delays_s, 6)} for x in pool}
     return out
 
 
@@ -246,7 +247,9 @@ class RouterNode(RoleServer):
     def _candidates(self, prompt: Sequence[int], max_out: int = 0) -> Candidates:
         """The live instances with what each costs a request of ``prompt`` and
         ``max_out`` (``policy.base``: P's prefill end; MD's transfer of what it lacks at
-        the WAN model's capacity and the request's decode in its batch; RLD's decode)."""
+        the WAN model's capacity and the request's decode in its batch, and its
+        ``delays_s``: that transfer once more for each transfer the WAN model holds on
+        the line, each of which it delays as much; RLD's decode)."""
         now, timing = time.monotonic(), self.cfg.timing
         p_live, rld_live, md_live = (self._live(r) for r in _ROLES)
         cost, n = timing.cost(Role.PREFILL), len(prompt)
@@ -259,13 +262,16 @@ class RouterNode(RoleServer):
         token_bytes = timing.token_scale * timing.kv_bytes_per_token
         rate = max(self.wan.capacity_gbit(now), 1e-3) * 1e9 / 8  # bytes/s
         md_step, loads = timing.cost(Role.MAIN_DECODE).decode_step_s, self._md_loads()
+        sharing = self.wan.n_transfers  # KV transfers on the line now: each waits for ours
         mds = []
         for m in md_live:
             held = max(self._md_mirror(m).hit(prompt), self.md_inflight.longest(m, prompt)[0])
             active, context = loads.get(m, (0, 0))
+            transfer = (n - held) * token_bytes / rate
             mds.append(DecoderCandidate(
-                m, active, held, (n - held) * token_bytes / rate,
-                max_out * md_step(active + 1, context + n) * timing.time_scale))
+                m, active, held, transfer,
+                max_out * md_step(active + 1, context + n) * timing.time_scale,
+                transfer * sharing))
         rld_step, rlds = timing.cost(Role.RELAY_DECODE).decode_step_s, []
         for x in rld_live:
             active = self.rld_active.get(x, 0)
