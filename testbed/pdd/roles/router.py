@@ -8,8 +8,9 @@ sends TOKENS, DONE, ERROR and REPORT back on it). Per request:
    its instances (``_choose``, every mode alike, by what each costs the
    request: ``policy.base.default_placement``): the P whose prefill would
    end first (its queue plus what its prefix mirror lacks); the MD whose
-   transfer of what its DRC mirror (or its in-flight KV) lacks plus the
-   request's decode in its batch is least; the RLD whose decode is least.
+   transfer of what its DRC mirror (or its in-flight KV) lacks (counted once
+   more per transfer sharing the line) plus the request's decode in its batch
+   is least; the RLD whose decode is least.
    Then P's expected hit and the chosen MD's expected DRC hit from the
    router's prefix mirrors; P's expected prefill end (its FIFO queue, modeled
    prefill times); the WAN time predicted by ``wan_model.WanModel`` for
