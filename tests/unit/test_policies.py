@@ -248,12 +248,17 @@ def test_a_common_opening_does_not_pin_every_request_to_one_md():
     assert router._choose(turn2, max_out=300)[Role.MAIN_DECODE] == "md1"
 
 
-def test_a_slower_wan_weighs_a_held_prefix_more():
+def _held_prefix_on_a_loaded_md():
+    """md0 holds 400 of a 1,001-token turn's tokens and 8 live requests; md1, md2 none."""
     router = router_of(FLEET3, {"token_scale": 32})
     prompt = list(range(1000))
     router._md_mirror("md0").record(prompt[:400])
     hold(router, "md0", [list(range(5000, 7000))] * 8)
-    turn = prompt + [7]
+    return router, prompt + [7]
+
+
+def test_a_slower_wan_weighs_a_held_prefix_more():
+    router, turn = _held_prefix_on_a_loaded_md()
     assert router._choose(turn, max_out=300)[Role.MAIN_DECODE] == "md1"  # at 100 Gbit/s
     router.wan._gbit = 1.0  # the capacity the model holds after a dip
     assert router._choose(turn, max_out=300)[Role.MAIN_DECODE] == "md0"
@@ -262,11 +267,7 @@ def test_a_slower_wan_weighs_a_held_prefix_more():
 def test_a_congested_line_weighs_a_held_prefix_more():
     # the case above at 100 Gbit/s, but with the line carrying other transfers: each
     # would wait for the bytes md1 lacks too, so the prefix md0 holds is kept
-    router = router_of(FLEET3, {"token_scale": 32})
-    prompt = list(range(1000))
-    router._md_mirror("md0").record(prompt[:400])
-    hold(router, "md0", [list(range(5000, 7000))] * 8)
-    turn = prompt + [7]
+    router, turn = _held_prefix_on_a_loaded_md()
     assert router._choose(turn, max_out=300)[Role.MAIN_DECODE] == "md1"
     for rid in range(12):
         router.wan.commit(10_000 + rid, 2e9, time.monotonic())
