@@ -21,16 +21,18 @@ MAY_IMPORT = {
     "linkmath": set(),
     "impairment": {"errors"},  # LinkSpec/LossSpec and their rules: pure, only SpecError
     "readyline": set(),
+    "clock": set(),
     "decision": set(),
     "strict": {"errors"},
     "reader": {"errors", "strict"},
     "spec": {"errors", "types", "strict", "reader", "impairment", "workload"},
     "workload": {"errors", "strict", "reader"},
     "net": {"errors", "histogram", "linkmath", "impairment", "readyline", "spec"},
-    "pdd": {"errors", "types", "decision", "histogram", "impairment", "readyline", "strict"},
+    "pdd": {"errors", "types", "decision", "histogram", "impairment", "readyline", "strict",
+            "clock"},
     "bench": {"errors", "types", "histogram", "impairment", "net", "spec", "workload", "pdd"},
-    "scenario": {"errors", "types", "strict", "readyline", "impairment", "spec", "workload", "net",
-                 "pdd", "report"},
+    "scenario": {"errors", "types", "strict", "readyline", "clock", "impairment", "spec", "workload",
+                 "net", "pdd", "report"},
     "report": {"errors", "types", "decision", "histogram"},
     "export": {"errors", "types", "strict", "linkmath", "impairment", "spec", "workload", "scenario",
                "pdd", "report"},
@@ -60,6 +62,8 @@ def _imports(path: Path) -> list[tuple[str, int]]:
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             out += [(a.name, node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module == "testbed":
+            out += [(f"testbed.{a.name}", node.lineno) for a in node.names]  # from testbed import X
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             out.append((node.module, node.lineno))
     return [(name, line) for name, line in out if name.startswith("testbed.")]

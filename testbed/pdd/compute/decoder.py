@@ -33,10 +33,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from testbed import clock
 from testbed.pdd.compute.costmodel import CostModel
 from testbed.pdd.compute.engine import Cache, Model, ModelConfig, argmax, build_model
 from testbed.pdd.compute.pacing import AsyncPacer
@@ -158,10 +158,10 @@ class DecodeLoop:
         seqs, parts = list(self.active.values()), self._take_extends()
         segments = [(1, s.cache.length) for s in seqs]
         segments += [(len(ids), j.cache.length) for j, ids, _ in parts]
-        t0 = time.monotonic()
+        t0 = clock.now()
         tokens = [argmax(self.model.decode_step(s.cache, s.next_token)) for s in seqs]
         predicted = [argmax(self.model.extend(j.cache, ids)) for j, ids, _ in parts]
-        overrun = await self.pacer.pad(self.cost.pass_s(segments), time.monotonic() - t0)
+        overrun = await self.pacer.pad(self.cost.pass_s(segments), clock.now() - t0)
         self.n_steps += 1
         self.max_batch = max(self.max_batch, len(seqs))
         for (job, _, last), tok in zip(parts, predicted):

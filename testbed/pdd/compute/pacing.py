@@ -7,21 +7,23 @@ records an overrun (not carried: the next step starts on its own). Sleep
 overshoot (the OS waking late) is carried to the next step, so a long run of
 short steps keeps to the modeled timeline. It sleeps with ``asyncio.sleep``
 so other roles and connections sharing the loop keep running while a role
-"computes". The clock and the sleep are injectable (tests use a fake time).
+"computes". The clock (default ``testbed.clock.now``: the loop's) and the sleep are
+injectable (tests use a fake time).
 
 Example::
 
     pacer = AsyncPacer(time_scale=0.5)
-    t0 = time.monotonic(); logits = model.decode_step(cache, tok)
-    await pacer.pad(cost.decode_step_s(1, 300), time.monotonic() - t0)
+    t0 = now(); logits = model.decode_step(cache, tok)
+    await pacer.pad(cost.decode_step_s(1, 300), now() - t0)
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import dataclass
 from typing import Awaitable, Callable
+
+from testbed.clock import now as loop_now
 
 
 @dataclass
@@ -38,7 +40,7 @@ class PacerStats:
 class AsyncPacer:
     """Pads each step to ``modeled_s * time_scale`` (see the module docstring)."""
 
-    def __init__(self, time_scale: float = 1.0, clock: Callable[[], float] = time.monotonic,
+    def __init__(self, time_scale: float = 1.0, clock: Callable[[], float] = loop_now,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep):
         if time_scale <= 0:
             raise ValueError(f"time_scale must be > 0, got {time_scale}")

@@ -36,10 +36,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from testbed import clock
 from testbed.errors import ProtocolError, SpecError
 from testbed.pdd.roles.client_record import ClientRequest, RequestTrace
 from testbed.pdd.run.config import ClusterConfig
@@ -108,7 +108,7 @@ class Client:
         loop = asyncio.get_running_loop()
         await asyncio.sleep(max(0.0, self._t0 + trace.req.arrival_s - loop.time()))
         req = trace.req
-        trace.t_sent = time.monotonic()
+        trace.t_sent = clock.now()
         meta = {"id": req.id, "session": req.session}
         if req.warmup:
             meta["warmup"] = True
@@ -211,7 +211,7 @@ class Client:
         k = self._offset.get(frame.request_id, 0)
         if k and isinstance(msg, Tokens):
             msg = Tokens(msg.producer, msg.start_position + k, msg.token_ids)
-        trace.on_message(msg, time.monotonic())
+        trace.on_message(msg, clock.now())
 
 
 def from_workload(requests: Iterable) -> list[ClientRequest]:

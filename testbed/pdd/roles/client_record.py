@@ -27,15 +27,15 @@ predicted prefill end; P's reported one). None where a part is missing
 Status: ``completed`` only if DONE arrived and every position in
 [0, max_out) arrived exactly once; otherwise ``failed`` with the first
 reason that applies (the ERROR's reason, timeout, lost or duplicated
-positions). Times are ``time.monotonic()``; token times are relative to
+positions). Times are ``testbed.clock.now()`` (the loop's clock); token times are relative to
 ``t_sent``.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
+from testbed import clock
 from testbed.decision import Decision, Reserve
 from testbed.pdd.wire.protocol import HEADER_SIZE, Done, Error, Report, Role, Tokens
 
@@ -146,7 +146,7 @@ class RequestTrace:
         for p in [p for p in self.tokens if p > k]:
             del self.tokens[p]
         self.resumes += 1
-        self._resumed_at = (k, time.monotonic())
+        self._resumed_at = (k, clock.now())
         return k
 
     def fail(self, reason: str) -> None:
@@ -208,7 +208,7 @@ class RequestTrace:
         return out
 
     def relay_overhead_ms(self) -> float | None:
-        """P's prefill end -> RLD's first token (both ``time.monotonic()`` of this machine,
+        """P's prefill end -> RLD's first token (both ``testbed.clock.now()`` on this machine,
         from their REPORTs), for a request RLD emitted for; else None."""
         p_end = self.reports.get("P", {}).get("t_prefill_end")
         first = self.reports.get("RLD", {}).get("t_first_token")

@@ -80,6 +80,7 @@ import time
 
 from aiohttp import web
 
+from testbed import clock
 from testbed.errors import ApiError, SpecError, TestbedError
 from testbed.pdd.roles import openai_api as api
 from testbed.pdd.roles.admission import Admission, Overloaded
@@ -185,7 +186,7 @@ class Gateway:
                         code="overloaded", headers={"Retry-After": f"{math.ceil(retry):d}"})
 
     async def _generate(self, request: web.Request, parse, what: str) -> web.StreamResponse:
-        t_received = time.monotonic()
+        t_received = clock.now()
         refused = {"api": what, "stream": None, "ttft_http_s": None, "http_status": 429,
                    "x_request_id": request_id(request)}
         try:  # before the body is read: a queued or refused request costs its socket only
@@ -253,7 +254,7 @@ class Gateway:
         ids: list[int] = []
         while more := await self.link.next_ids(live, deadline):
             if not ids:
-                live.info["ttft_http_s"] = round(time.monotonic() - live.t_received, 6)
+                live.info["ttft_http_s"] = round(clock.now() - live.t_received, 6)
             ids += more
         if (err := self._failure(live)) is not None:
             raise err
@@ -280,7 +281,7 @@ class Gateway:
                 await resp.write(chunk)
                 live.info["tokens_written"] += 1
             if first == 0:
-                live.info["ttft_http_s"] = round(time.monotonic() - live.t_received, 6)
+                live.info["ttft_http_s"] = round(clock.now() - live.t_received, 6)
         err = self._failure(live)
         if resp is None:
             if err is not None:

@@ -27,11 +27,11 @@ import asyncio
 import itertools
 import json
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from testbed import clock
 from testbed.errors import ApiError, ProtocolError
 from testbed.pdd.roles.client_record import ClientRequest, RequestTrace
 from testbed.pdd.run.config import ClusterConfig
@@ -49,7 +49,7 @@ class Live:
     rid: int  # wire request id
     trace: RequestTrace
     info: dict  # the record's "gateway" object
-    t_received: float  # time.monotonic() when the HTTP request arrived
+    t_received: float  # clock.now() when the HTTP request arrived
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     next_pos: int = 0  # first position not yet handed to the HTTP side
     on_released: Callable[[], None] | None = None  # called once: the roles let it go
@@ -84,7 +84,7 @@ class RouterLink:
         # recorded at the grace but some REPORT still out (a relayed request's WAN
         # transfer goes on after DONE): the router still holds it; released when it is in
         self._unreleased: dict[int, Live] = {}
-        self._t0 = time.monotonic()
+        self._t0 = clock.now()
 
     @property
     def connected(self) -> bool:
@@ -107,7 +107,7 @@ class RouterLink:
         ``reason``."""
         seq = next(self._ids)
         req = ClientRequest(seq, round(t_received - self._t0, 6), prompt, max_out, session)
-        trace = RequestTrace(req, t_sent=time.monotonic())
+        trace = RequestTrace(req, t_sent=clock.now())
         trace.fail(reason)
         self._append(trace, dict(info, id=f"cmpl-{seq}"))
 
@@ -124,7 +124,7 @@ class RouterLink:
         req = ClientRequest(seq, round(t_received - self._t0, 6), prompt, max_out, session)
         live = Live(rid, RequestTrace(req), dict(info, id=f"cmpl-{seq}"), t_received)
         self.live[rid] = live
-        live.trace.t_sent = time.monotonic()
+        live.trace.t_sent = clock.now()
         conn = self._conn
         try:
             if conn is None:
@@ -250,7 +250,7 @@ class RouterLink:
     @staticmethod
     def _on_frame(live: Live, msg) -> None:
         trace = live.trace
-        trace.on_message(msg, time.monotonic())
+        trace.on_message(msg, clock.now())
 
     async def close(self) -> None:
         """Record what is still open (as it stands), close the connection."""

@@ -43,9 +43,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import time
 from dataclasses import dataclass, field
 
+from testbed import clock
 from testbed.pdd.run.config import ClusterConfig, Pipeline
 from testbed.pdd.compute.decoder import Emitted, Seq
 from testbed.pdd.roles.handoff import MainHandoff
@@ -114,10 +114,10 @@ class MainDecodeNode(DecodingRoleServer):
 
     async def _wan_status_loop(self) -> None:
         interval = self.cfg.main.wan_status_interval_s
-        t_last = time.monotonic()
+        t_last = clock.now()
         while True:
             await asyncio.sleep(interval)
-            now = time.monotonic()
+            now = clock.now()
             rx = sum(p.conn.bytes_received for p in self._kv_sources.values())
             delta, self._rx_mark = rx - self._rx_mark, rx
             pending = {st.rid: max(0, st.expected_wire - st.report["kv_wan_bytes"])
@@ -194,20 +194,20 @@ class MainDecodeNode(DecodingRoleServer):
 
     async def _need_after(self, st: MainState, src: MainState) -> None:
         """KV_NEED once ``src``'s KV is in the DRC (or ``src`` is gone)."""
-        t0 = time.monotonic()
+        t0 = clock.now()
         await src.kv_event.wait()
         if self.states.get(st.rid) is not st:
             return  # cancelled meanwhile
         hit = self.drc.match(st.request.prompt_token_ids)
         st.cache = self._cache_of(st.request, hit)
-        st.report["inflight_wait_s"] = time.monotonic() - t0
+        st.report["inflight_wait_s"] = clock.now() - t0
         await self._send_need(st, hit)
 
     async def _send_need(self, st: MainState, hit) -> None:
         n = len(st.request.prompt_token_ids)
         st.report.update(md_hit_rate=hit.n_tokens / n, drc_hit_tokens=hit.n_tokens)
         st.expected_wire = self._expected_wire(hit.n_tokens, n)
-        st.t_need = time.monotonic()
+        st.t_need = clock.now()
         await st.p_peer.send(st.rid, KvNeed(hit.n_tokens, n))
 
     def _expected_wire(self, start: int, n: int) -> int:
@@ -231,9 +231,9 @@ class MainDecodeNode(DecodingRoleServer):
         st.kv_done = True
         self.protocol_event("kv_done", st.rid, tokens=len(prompt))
         st.kv_event.set()  # requests waiting for this prefix may ask for the rest now
-        self._kv_done_ids[str(st.rid)] = time.monotonic()
+        self._kv_done_ids[str(st.rid)] = clock.now()
         self._not_receiving(st.rid)
-        st.report.update(kv_transfer_s=time.monotonic() - st.t_need, t_kv_done=time.monotonic(),
+        st.report.update(kv_transfer_s=clock.now() - st.t_need, t_kv_done=clock.now(),
                          drc_hit_rate=self.drc.stats.hit_rate)
         if st.pipeline == Pipeline.P_MD:
             await self._start_decoding(st, 0, st.handoff.first_token)

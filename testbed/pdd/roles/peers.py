@@ -34,11 +34,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
 from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import ClassVar, Mapping
 
+from testbed import clock
 from testbed.errors import ProtocolError
 from testbed.types import PROTOCOL_EVENTS
 from testbed.pdd.run.config import ClusterConfig, Instance
@@ -188,7 +188,7 @@ class RoleServer:
         if self.events_out is None:
             return
         assert kind in PROTOCOL_EVENTS, kind
-        line = {"t": round(time.monotonic(), 6), "event": kind,
+        line = {"t": round(clock.now(), 6), "event": kind,
                 "role": self.ROLE.name.lower(), "name": self.name, "rid": rid, **fields}
         self.events_out.write(json.dumps(line) + "\n")
         self.events_out.flush()
@@ -330,10 +330,10 @@ class RoleServer:
                 if not peer.conn.buffered_frames:
                     turn = None  # recv reads from the socket: it waits, the loop turns
                 elif turn is None:
-                    turn = time.monotonic()
-                elif time.monotonic() - turn > READ_TURN_S:
+                    turn = clock.now()
+                elif clock.now() - turn > READ_TURN_S:
                     await asyncio.sleep(0)
-                    turn = time.monotonic()
+                    turn = clock.now()
                 frame = await peer.conn.recv()
                 if isinstance(frame.message, Request) and \
                         (refusal := self._refusal(frame.message)) is not None:

@@ -50,9 +50,9 @@ all on a transport without TCP (the in-process one).
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import dataclass, field
 
+from testbed import clock
 from testbed.pdd.run.config import ClusterConfig, Pipeline
 from testbed.pdd.compute.decoder import warm_model
 from testbed.pdd.wire.kvpayload import chunk_frame_bytes, kv_chunk
@@ -129,10 +129,10 @@ class PrefillNode(RoleServer):
     async def _tcp_status_loop(self) -> None:
         interval = self.cfg.prefill.tcp_status_interval_s
         marks: dict[int, TcpCounters] = {}  # by id(connection): the counters last reported
-        t_last = time.monotonic()
+        t_last = clock.now()
         while True:
             await asyncio.sleep(interval)
-            now = time.monotonic()
+            now = clock.now()
             segs = retrans = 0
             rto = 0.0
             current = {}
@@ -164,7 +164,7 @@ class PrefillNode(RoleServer):
             if isinstance(msg, Request) and job is not None:
                 self.stray(peer, frame, "a second REQUEST for a request P holds")
             elif isinstance(msg, Request):
-                job = PrefillJob(rid, msg, time.monotonic())
+                job = PrefillJob(rid, msg, clock.now())
                 if msg.metadata.get("bind") == "late":
                     job.bound = asyncio.get_running_loop().create_future()
                 self.jobs[rid] = job
@@ -219,7 +219,7 @@ class PrefillNode(RoleServer):
 
     async def _prefill(self, job: PrefillJob) -> None:
         prompt = job.request.prompt_token_ids
-        t_start = time.monotonic()
+        t_start = clock.now()
         hit = self.prefix.match(prompt)
         if job.bound is not None and self.router is not None:
             await self.router.send(job.rid, Started(hit.n_tokens))
@@ -230,7 +230,7 @@ class PrefillNode(RoleServer):
         logits, cache = await asyncio.to_thread(self.model.prefill, prompt, cache)
         bs = self.cfg.prefill.block_size
         self.prefix.insert(prompt, block_segments(cache, len(prompt), bs))
-        real_s = time.monotonic() - t_start
+        real_s = clock.now() - t_start
         modeled_s = self.cost.prefill_s(len(prompt) - hit.n_tokens, hit.n_tokens)
         job.cache, job.token0 = cache, argmax(logits)
         job.t_start, job.hit = t_start, hit.n_tokens
@@ -244,7 +244,7 @@ class PrefillNode(RoleServer):
                           prefill_modeled_s=modeled_s * self.pacer.time_scale,
                           overruns=int(overrun),
                           p_cache_hit_rate=self.prefix.stats.hit_rate,
-                          t_prefill_end=time.monotonic())
+                          t_prefill_end=clock.now())
         job.prefilled.set()
 
     async def _bound(self, job: PrefillJob) -> bool:
@@ -349,6 +349,6 @@ class PrefillNode(RoleServer):
 
 async def _until(t: float) -> None:
     """Sleep until monotonic time ``t`` (no-op if it has passed)."""
-    delay = t - time.monotonic()
+    delay = t - clock.now()
     if delay > 0:
         await asyncio.sleep(delay)

@@ -24,9 +24,9 @@ REPORT to the router when RLD frees it.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
+from testbed import clock
 from testbed.pdd.run.config import ClusterConfig, Pipeline
 from testbed.pdd.compute.decoder import Emitted, Seq
 from testbed.pdd.roles.handoff import HandoffBatch, RelayHandoff, RelayPhase
@@ -50,7 +50,7 @@ class RelayState:
     tokens: list[int] = field(default_factory=list)  # emitted ids, position = index
     md_peer: Peer | None = None
     seq: Seq | None = None
-    t_first: float = field(default_factory=time.monotonic)
+    t_first: float = field(default_factory=clock.now)
     report: dict = field(default_factory=lambda: {"kv_intra_bytes": 0, "handoff_bytes": 0})
 
     @property
@@ -125,7 +125,7 @@ class RelayDecodeNode(DecodingRoleServer):
         if st.cache.length != len(prompt) or msg.num_tokens != len(prompt):
             raise ProtocolError(f"KV_DONE for {msg.num_tokens} tokens, RLD holds "
                                 f"{st.cache.length} of a {len(prompt)}-token prompt")
-        st.report["kv_wait_s"] = time.monotonic() - st.t_first
+        st.report["kv_wait_s"] = clock.now() - st.t_first
         if not st.handoff.decoding:  # handed over before RLD had anything to emit
             await self._free(st, {})
             return
@@ -145,7 +145,7 @@ class RelayDecodeNode(DecodingRoleServer):
                 return
             st = self._state(rid)
             st.md_peer = peer
-            st.report["t_kv_ready_rel_s"] = time.monotonic() - st.t_first
+            st.report["t_kv_ready_rel_s"] = clock.now() - st.t_first
             await self._send_batch(st, st.handoff.on_kv_ready())
         elif isinstance(msg, HandoffAck) and rid in self.states:
             st = self.states[rid]
@@ -207,7 +207,7 @@ class RelayDecodeNode(DecodingRoleServer):
         st.handoff.on_emitted(len(st.tokens))
         first = emitted[0].position
         if first == 0:  # relay overhead: P's t_prefill_end -> this (client_record)
-            st.report["t_first_token"] = time.monotonic()
+            st.report["t_first_token"] = clock.now()
         if self.router is not None:
             await self.router.send(st.rid, Tokens(Role.RELAY_DECODE, first,
                                                   tuple(e.token_id for e in emitted)))

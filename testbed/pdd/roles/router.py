@@ -54,10 +54,10 @@ import asyncio
 import dataclasses
 import itertools
 import logging
-import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from testbed import clock
 from testbed.decision import Decision, Reserve, Routing
 from testbed.pdd.run.config import ClusterConfig, Mode, Pipeline
 from testbed.pdd.roles.peers import Peer, RoleServer
@@ -180,7 +180,7 @@ class RouterNode(RoleServer):
         self._by_client: dict[tuple[int, int], Routed] = {}
         # request ids start at the start time (ms) x 65536: a restarted router never hands
         # out an id a role may still hold, or see in a late frame, from the one before it
-        self._rid_base = (time.time_ns() // 1_000_000) << 16
+        self._rid_base = (clock.wall_ns() // 1_000_000) << 16
         self._rids = itertools.count(self._rid_base)
         self._rid_high = self._rid_base - 1  # the highest request id handed out so far
         self.rld_active: dict[str, int] = {}
@@ -200,7 +200,7 @@ class RouterNode(RoleServer):
             peer = await self.peer_if_live(md)
             if peer is not None:
                 nonce = next(self._nonces)
-                self._pings[nonce] = time.monotonic()
+                self._pings[nonce] = clock.now()
                 await peer.send(0, Health(nonce))
             if len(self._pings) > 1000:  # unanswered probes (MD gone): forget the oldest
                 for n in sorted(self._pings)[:500]:
@@ -251,7 +251,7 @@ class RouterNode(RoleServer):
         the WAN model's capacity and the request's decode in its batch, and its
         ``delays_s``: that transfer once more for each transfer the WAN model holds on
         the line, each of which it delays as much; RLD's decode)."""
-        now, timing = time.monotonic(), self.cfg.timing
+        now, timing = clock.now(), self.cfg.timing
         p_live, rld_live, md_live = (self._live(r) for r in _ROLES)
         cost, n = timing.cost(Role.PREFILL), len(prompt)
         ps = []
@@ -317,7 +317,7 @@ class RouterNode(RoleServer):
                                         "routed to it: cancelled there")
                 await peer.send(rid, Cancel())
         elif isinstance(msg, HealthAck) and msg.nonce in self._pings:
-            now = time.monotonic()
+            now = clock.now()
             self.wan.add_rtt_sample(now, now - self._pings.pop(msg.nonce))
         elif isinstance(msg, Report) and rid == 0 and peer.role == Role.MAIN_DECODE:
             self._on_wan_status(peer.name, msg.data)
@@ -339,7 +339,7 @@ class RouterNode(RoleServer):
         except ValueError as err:
             log.warning("%s: bad WAN status from %s %r: %s", self.name, md, data, err)
             return
-        k, now, interval = self.cfg.timing.kv_scale_k, time.monotonic(), st.interval_s
+        k, now, interval = self.cfg.timing.kv_scale_k, clock.now(), st.interval_s
         self.md_rx[md] = (now, st.rx_bytes * k / interval if interval > 0 else 0.0,
                           interval, st.busy)
         total = sum(rate for t, rate, iv, _ in self.md_rx.values() if now - t <= 2 * iv)
@@ -357,7 +357,7 @@ class RouterNode(RoleServer):
         except ValueError as err:
             log.warning("%s: bad TCP status %r: %s", self.name, data, err)
             return
-        self.loss.add(time.monotonic(), st.segs_out, st.retrans)
+        self.loss.add(clock.now(), st.segs_out, st.retrans)
         self.wan_rto_s = st.rto_s
 
     def held(self) -> dict:
@@ -377,7 +377,7 @@ class RouterNode(RoleServer):
             cands = self._candidates(req.prompt_token_ids, req.max_output_tokens)
             names = self._choose(req.prompt_token_ids, c=cands)
             p = names[Role.PREFILL]
-            now = time.monotonic()
+            now = clock.now()
             if p is not None and self.p_free_at.get(p, now) > now + LATE_BIND_S:
                 await self._queue_unbound(client, client_rid, req, p, now)
                 return
@@ -469,7 +469,7 @@ class RouterNode(RoleServer):
         """The pipeline of ``req`` and its decision record (every input, the prediction).
         ``started``: (P's hit tokens, request id, arrival time) of a late-bound request
         whose prefill starts now (P and its queue were counted at arrival)."""
-        now, cfg, timing = time.monotonic(), self.cfg, self.cfg.timing
+        now, cfg, timing = clock.now(), self.cfg, self.cfg.timing
         prompt, n = req.prompt_token_ids, len(req.prompt_token_ids)
         p_name = names[Role.PREFILL]
         if started is not None:
@@ -565,12 +565,12 @@ class RouterNode(RoleServer):
     def _policy_decide(self, inputs: RouteInputs) -> tuple[RouteDecision, float]:
         """The policy's decision and the time it took; PolicyFailure if it raises or
         answers something that is not a RouteDecision with a Pipeline."""
-        t0 = time.perf_counter()
+        t0 = clock.perf()
         try:
             d = self.policy.decide(inputs, self.cfg.router, self.cfg.timing)
         except Exception as err:  # a user's policy: whatever it raises fails this request
             raise PolicyFailure(f"policy error: {type(err).__name__}: {err}") from None
-        took = time.perf_counter() - t0
+        took = clock.perf() - t0
         if not isinstance(getattr(d, "pipeline", None), Pipeline):
             raise PolicyFailure(f"policy error: decide returned {d!r}, not a RouteDecision")
         if took > POLICY_BUDGET_S:
@@ -723,7 +723,7 @@ class RouterNode(RoleServer):
             self.rld_active[target] = self.rld_active.get(target, 0) + 1
             self.rld_held[target] = self.rld_held.get(target, 0) + r.rld_tokens_held
         reserve = Reserve(f"{first}->re-served-{pipeline.value}", f"re-served after {why}",
-                          r.reserves, d, lost.name, round(time.monotonic(), 6),
+                          r.reserves, d, lost.name, round(clock.now(), 6),
                           tuple(sorted(role.name for role in r.names)), self.cfg.mode.value)
         await r.client.send(r.client_rid, Report(Role.ROUTER, self.name, reserve.data()))
         meta = dict(req.metadata, pipeline=pipeline.value, rld=r.names.get(Role.RELAY_DECODE),

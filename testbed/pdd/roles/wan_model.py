@@ -3,7 +3,7 @@
 Owns ``WanModel``: what the router believes about the path P -> MD, and its
 prediction of when a request's KV will be complete at MD. No I/O and no
 clock: every method takes the time ``now_s`` (the router passes
-``time.monotonic()``), so tests drive it with made-up samples.
+``testbed.clock.now()``), so tests drive it with made-up samples.
 
 Inputs (all in nominal units: wire bytes x k):
 
