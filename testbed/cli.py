@@ -167,7 +167,8 @@ def _run_options(args, out, dry_run: bool = False):
     return RunOptions(out, args.seed, args.scale,
                       None if args.backend == "auto" else args.backend, dry_run,
                       args.ready_timeout_s, args.preflight_tol_ms,
-                      pcap=getattr(args, "pcap", False), engine=getattr(args, "engine", None))
+                      pcap=getattr(args, "pcap", False), engine=getattr(args, "engine", None),
+                      clock=getattr(args, "clock", None))
 
 
 def cmd_run(args) -> int:
@@ -608,6 +609,10 @@ def _run_args(p, pcap_default: bool = False) -> None:
                    help="WAN RTT tolerance of the preflight ping (a qemu guest: 10)")
     p.add_argument("--engine", choices=("torch", "hash"), default=None,
                    help="every mode's compute engine (default: the scenario's pdd.engine)")
+    p.add_argument("--clock", choices=("emulated", "virtual"), default=None,
+                   help="emulated: role processes in the emulated network (root); virtual: "
+                   "the same roles in one process on a simulated clock over a network model "
+                   "(no root; default: the scenario's clock)")
     what = ("a bounded capture of the WAN per mode (MODE/wan.pcap, 128-byte snap, at most "
             "200k packets), analysed in the report (MODE/pcap.json)")
     if pcap_default:

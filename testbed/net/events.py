@@ -1,7 +1,8 @@
 """The events log: every applied change, one JSON object per line.
 
-Owns events.jsonl. Each record carries ``t_mono`` (time.monotonic(), the
-clock every other record of a run uses), ``t_wall`` and a ``kind`` with its
+Owns events.jsonl. Each record carries ``t_mono`` (``testbed.clock.now()``: the
+machine's monotonic clock, or a virtual run's simulated one; the clock every
+other record of a run uses), ``t_wall`` and a ``kind`` with its
 fields. One EventLog is one run's log: it starts the file afresh (a second run
 into the same folder must not mix its events with the first's: the workload
 window of goodput_rps spans every workload_start..workload_end of the file),
@@ -16,8 +17,9 @@ Example::
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
+
+from testbed import clock
 
 
 class EventLog:
@@ -30,7 +32,7 @@ class EventLog:
             self._fh = path.open("w")
 
     def record(self, kind: str, **fields) -> dict:
-        rec = {"t_mono": time.monotonic(), "t_wall": time.time(), "kind": kind, **fields}
+        rec = {"t_mono": clock.now(), "t_wall": clock.wall_ns() / 1e9, "kind": kind, **fields}
         self.records.append(rec)
         if self._fh:
             self._fh.write(json.dumps(rec, default=str) + "\n")

@@ -51,6 +51,7 @@ class RunOptions:
     preflight_tol_ms: float = PREFLIGHT_RTT_TOL_MS  # a qemu guest adds ~5 ms per round trip
     pcap: bool = False  # keep a bounded WAN capture per mode, MODE/wan.pcap (capture.py)
     engine: str | None = None  # every mode's compute engine (torch | hash); None: the scenario's
+    clock: str | None = None  # emulated | virtual (testbed/scenario/virtual.py); None: the scenario's
 
 
 def run_timeline(actions: list[Action], t0: float, until, tick, triggered=None) -> None:
@@ -204,6 +205,9 @@ def run_scenario(sc: Scenario, opts: RunOptions) -> dict:
         sc = with_engine(sc, opts.engine)
     if problems := check_policies(sc):  # before any network exists
         raise problems[0]
+    if (opts.clock or sc.clock) == "virtual":
+        from testbed.scenario.virtual import run_scenario_virtual
+        return run_scenario_virtual(sc, opts)
     seed, scale, backend_name = sc.overridden(opts.seed, opts.scale, opts.backend)
     backend, _ = probe_backend(None if backend_name == "auto" else Backend(backend_name))
     plan_args = {"backend": backend, "scale": scale, "seed": seed}

@@ -81,6 +81,10 @@ class ModeRun:
 
 
 FIDELITY_POLICIES = ("report", "strict")
+# "emulated": roles as processes in the emulated network, on the machine's clock (the
+# reference); "virtual": the same role code in one process on a simulated clock, over a
+# network model (testbed/scenario/virtual.py)
+CLOCKS = ("emulated", "virtual")
 
 
 @dataclass(frozen=True)
@@ -102,6 +106,7 @@ class Scenario:
     # "strict": a run whose fidelity verdict is degraded exits 2 (testbed/report/fidelity.py);
     # "report": the verdict is reported beside the result only
     fidelity: str = "report"
+    clock: str = "emulated"
     extra: dict = field(default_factory=dict, compare=False)
 
     def overridden(self, seed: int | None = None, scale: float | None = None,
@@ -211,7 +216,8 @@ def parse_scenario(data: object, file: str) -> Scenario:
         scale=None if scale == "auto" else scale,
         backend=f.choice("backend", ("auto", "netem", "userspace"), "auto"),
         drain_s=f.num("drain_s", 60.0, lo=0, unit="s"),
-        fidelity=f.choice("fidelity", FIDELITY_POLICIES, "report"))
+        fidelity=f.choice("fidelity", FIDELITY_POLICIES, "report"),
+        clock=f.choice("clock", CLOCKS, "emulated"))
     f.done()
     return sc
 

@@ -27,7 +27,7 @@ MAY_IMPORT = {
     "reader": {"errors", "strict"},
     "spec": {"errors", "types", "strict", "reader", "impairment", "workload"},
     "workload": {"errors", "strict", "reader"},
-    "net": {"errors", "histogram", "linkmath", "impairment", "readyline", "spec"},
+    "net": {"errors", "histogram", "linkmath", "impairment", "readyline", "spec", "clock"},
     "pdd": {"errors", "types", "decision", "histogram", "impairment", "readyline", "strict",
             "clock"},
     "bench": {"errors", "types", "histogram", "impairment", "net", "spec", "workload", "pdd"},

@@ -50,6 +50,10 @@ class _Pipe:
             self._pump = loop.create_task(self._run_pump())
         self._in_flight.put_nowait((loop.time() + self.delay_s, data))
 
+    async def reserve(self, n: int) -> None:
+        """Wait until the pipe takes ``n`` more bytes (here: at once; a pipe with a send
+        buffer, ``fluid_net``'s, waits for room as a TCP writer does)."""
+
     def wake_reader(self) -> None:
         """Make a pending ``get`` return b"" now (the local side closed)."""
         self._inbox.put_nowait(b"")
@@ -87,6 +91,7 @@ class FakeConnection(Connection):
             raise ConnectionResetError(errno.ECONNRESET, "peer has closed the connection")
         data = b"".join(parts + filler_views(filler))  # one write, as TCP's would arrive
         if data:
+            await self._outbound.reserve(len(data))
             self._outbound.put(data)
 
     async def _read(self) -> bytes:

@@ -1,0 +1,308 @@
+"""The network of a virtual-clock run: shaped channels shared by TCP-like flows.
+
+Owns ``FluidNetwork`` (hosts, the channels of their paths, byte counters),
+``FluidChannel`` (one shaped direction) and ``FluidTransport`` (a host's
+``serve`` / ``connect``, the fake transport's API and framing).
+
+The model, per channel (one direction of a link, as the emulator's
+channels: a host's up and down link, the WAN's a>b and b>a):
+
+- **Rate, shared as TCP flows share a bottleneck.** Every connection
+  direction with bytes queued on the channel is one flow; the channel's
+  rate is divided equally among its backlogged flows, the fluid
+  processor-sharing model of TCP's long-run fairness (Massoulie and Roberts,
+  "Bandwidth sharing: objectives and algorithms", IEEE/ACM ToN 10(3),
+  2002; Ben Fredj et al., "Statistical bandwidth sharing: a study of
+  congestion at flow level", SIGCOMM 2001). Cross traffic is ``bulk``
+  flows that are always backlogged. A flow's bytes leave in the order
+  they were written (one TCP stream).
+- **Segments.** A write is served in segments of ``SEGMENT_S`` (2 ms) of
+  the channel's rate, at least 64 KiB, each delivered when it is through:
+  a receiver counts a large frame's bytes as they arrive, as over TCP.
+- **Headers.** A channel's rate is its wire rate; payload goes at 1448/1514
+  of it (a full TCP segment with timestamps, its IP and Ethernet headers),
+  and its byte counter counts wire bytes, as htb's does.
+- **Send buffer.** A connection holds at most ``SNDBUF_BDPS`` (2) of its
+  path's bandwidth-delay products of bytes not yet through before its
+  writer waits (``reserve``), as a TCP writer blocks on a full socket: a
+  small KV chunk written behind a large transfer waits for what is
+  buffered ahead of it, not for the whole transfer.
+- **Delay.** A byte that finished serialising arrives after the path's
+  one-way delay (the sum of its channels' delays, plus the bottleneck's
+  jitter draw, 'uniform' or 'normal'), never before an earlier byte of the
+  same stream.
+- **One bottleneck per path.** A path serialises on its slowest channel
+  (the WAN for every cross-DC path of the shipped topologies, the
+  receiver's down link inside a DC); the others add their delay only.
+- **Rate changes and link state** act at once: a bandwidth schedule sets
+  the rate; a channel that is down carries nothing until it is up again.
+
+What it leaves out, so a scenario that needs it is refused before the run
+(``testbed.scenario.virtual.unsupported``): loss and the retransmissions
+and timeouts it costs, duplication and reordering, a link that goes down
+(a TCP flow's retransmission timeouts across it), and slow start (the
+emulated hosts keep ``tcp_slow_start_after_idle`` off and reuse their
+connections, so only a connection's first window would ramp).
+
+Example::
+
+    net = FluidNetwork()
+    wan = net.channel("wan", "a>b", rate_gbit=0.1, delay_ms=20)
+    net.route("p1", "md1", [wan])
+    conn = await net.host("p1").connect("md1", 7100)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import deque
+from collections.abc import Sequence
+
+from testbed.pdd.wire.fake_transport import FakeNetwork, FakeTransport, _Pipe
+
+_EPS_BYTES = 1e-6
+# a write is served and delivered in segments of at most this many seconds of its
+# channel's rate (and at least SEGMENT_MIN_BYTES): a receiver sees a large KV frame
+# arrive as TCP delivers it, bit by bit, not all at once when its last byte is through
+SEGMENT_S = 0.002
+SEGMENT_MIN_BYTES = 64 * 1024
+# a connection holds at most this many bandwidth-delay products of its path (at the
+# bottleneck's rate now) of bytes not yet through before its writer waits: Linux grows a
+# socket's send buffer to about twice its congestion window (tcp_sndbuf_expand), and a
+# window fills the path and its BDP-sized bottleneck queue
+SNDBUF_BDPS = 2.0
+SNDBUF_MIN_BYTES = 256 * 1024
+# payload bytes per wire byte: a full TCP segment (MSS 1448 with timestamps) in a
+# 1500-byte IP packet plus its 14-byte Ethernet header, as htb counts it
+PAYLOAD_SHARE = 1448 / 1514
+
+
+class FluidChannel:
+    """One shaped direction: rate (bytes/s), delay and jitter; its backlogged flows share
+    the rate equally (see the module docstring)."""
+
+    def __init__(self, link: str, direction: str, rate_gbit: float, delay_ms: float = 0.0,
+                 jitter_ms: float = 0.0, jitter_distribution: str = "uniform",
+                 rng: random.Random | None = None):
+        self.link, self.direction = link, direction
+        self.rate_gbit = rate_gbit
+        self.delay_s, self.jitter_s = delay_ms / 1e3, jitter_ms / 1e3
+        self.normal = jitter_distribution == "normal"
+        self.rng = rng or random.Random(0)
+        self.up = True
+        self.bulk_flows = 0  # cross traffic: flows that always have bytes to send
+        self.bytes = 0  # every byte that finished serialising (flows and cross traffic)
+        self.cross_bytes = 0.0
+        self.frames = 0
+        self._flows: dict[_FluidPipe, deque[list]] = {}  # insertion order: deterministic
+        self._last = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+
+    @property
+    def id(self) -> str:
+        return f"{self.link}/{self.direction}"
+
+    @property
+    def rate_bytes_s(self) -> float:
+        """Payload bytes per second (the wire rate less the headers)."""
+        return self.rate_gbit * 1e9 / 8 * PAYLOAD_SHARE if self.up else 0.0
+
+    @property
+    def backlog_bytes(self) -> int:
+        return int(sum(sum(item[0] for item in q) for q in self._flows.values()))
+
+    def jitter(self) -> float:
+        if not self.jitter_s:
+            return 0.0
+        if self.normal:
+            return self.rng.gauss(0.0, self.jitter_s)
+        return self.rng.uniform(-self.jitter_s, self.jitter_s)
+
+    # -- changes ------------------------------------------------------------
+    def set(self, now: float, rate_gbit: float | None = None, delay_ms: float | None = None,
+            jitter_ms: float | None = None, up: bool | None = None,
+            bulk_flows: int | None = None) -> None:
+        """Change the channel at ``now``: what was served so far was served at the old
+        rate."""
+        self._advance(now)
+        if rate_gbit is not None:
+            self.rate_gbit = rate_gbit
+        if delay_ms is not None:
+            self.delay_s = delay_ms / 1e3
+        if jitter_ms is not None:
+            self.jitter_s = jitter_ms / 1e3
+        if up is not None:
+            self.up = up
+        if bulk_flows is not None:
+            self.bulk_flows = bulk_flows
+        self._reschedule(now)
+
+    def enqueue(self, pipe: "_FluidPipe", data: bytes, now: float) -> None:
+        self._advance(now)
+        self._flows.setdefault(pipe, deque()).append([float(len(data)), data])
+        self._reschedule(now)
+
+    # -- the fluid server ---------------------------------------------------
+    def _advance(self, now: float) -> None:
+        """Serve the backlog from the last event to ``now``; deliver what completes."""
+        t, rate = self._last, self.rate_bytes_s
+        self._last = now
+        if rate <= 0:
+            return
+        while t < now:
+            n = len(self._flows) + self.bulk_flows
+            if not self._flows:
+                self.cross_bytes += rate * (now - t) if self.bulk_flows else 0.0
+                return
+            per = rate / n
+            head = min(q[0][0] for q in self._flows.values())
+            dt = head / per
+            if t + dt > now:  # nothing completes before now: serve (now - t) and stop
+                served = per * (now - t)
+                for q in self._flows.values():
+                    q[0][0] -= served
+                self.cross_bytes += served * self.bulk_flows
+                return
+            t += dt
+            self.cross_bytes += head * self.bulk_flows
+            for pipe in list(self._flows):
+                q = self._flows[pipe]
+                q[0][0] -= head
+                if q[0][0] <= _EPS_BYTES:
+                    _, data = q.popleft()
+                    self.bytes += len(data)
+                    self.frames += 1
+                    pipe.served(len(data))
+                    pipe.deliver(data, t)
+                    if not q:
+                        del self._flows[pipe]
+
+    def _reschedule(self, now: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        rate = self.rate_bytes_s
+        if not self._flows or rate <= 0:
+            return
+        per = rate / (len(self._flows) + self.bulk_flows)
+        head = min(q[0][0] for q in self._flows.values())
+        loop = asyncio.get_running_loop()
+        self._timer = loop.call_at(now + head / per, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        now = asyncio.get_running_loop().time()
+        self._advance(now)
+        self._reschedule(now)
+
+    def counted_bytes(self, now: float) -> int:
+        """Wire bytes serialised by ``now`` (payload and headers), cross traffic included
+        (links.csv's counter, as htb's)."""
+        self._advance(now)
+        self._reschedule(now)
+        return int((self.bytes + self.cross_bytes) / PAYLOAD_SHARE)
+
+
+class _FluidPipe(_Pipe):
+    """One direction of a connection over a path: queued on its bottleneck channel, then
+    delivered after the path's delay, in order."""
+
+    def __init__(self, bottleneck: FluidChannel | None, extra_delay_s: float,
+                 rtt_s: float = 0.0):
+        super().__init__(extra_delay_s + (bottleneck.delay_s if bottleneck else 0.0))
+        self._bottleneck, self._extra_delay_s = bottleneck, extra_delay_s
+        self._rtt_s = rtt_s
+        self._last_at = 0.0
+        self._queued = 0  # bytes written and not yet through the bottleneck
+        self._room = asyncio.Event()
+
+    def sndbuf_bytes(self) -> float:
+        b = self._bottleneck
+        return max(SNDBUF_MIN_BYTES, SNDBUF_BDPS * b.rate_bytes_s * self._rtt_s) if b else 0.0
+
+    async def reserve(self, n: int) -> None:
+        """Wait while the bytes not yet through fill the send buffer (one write larger
+        than the buffer goes once the pipe is empty)."""
+        while self._bottleneck is not None and self._queued > 0 \
+                and self._queued + n > self.sndbuf_bytes():
+            self._room.clear()
+            await self._room.wait()
+
+    def served(self, n: int) -> None:
+        self._queued -= n
+        self._room.set()
+
+    def put(self, data: bytes) -> None:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        if self._pump is None:
+            self._pump = loop.create_task(self._run_pump())
+        if not data or self._bottleneck is None:  # end of stream, or an unshaped path
+            self.deliver(data, now)
+            return
+        neck = self._bottleneck
+        self._queued += len(data)
+        seg = max(SEGMENT_MIN_BYTES, int(neck.rate_gbit * 1e9 / 8 * SEGMENT_S))
+        if len(data) <= seg:
+            neck.enqueue(self, data, now)
+            return
+        for i in range(0, len(data), seg):
+            neck.enqueue(self, data[i:i + seg], now)
+
+    def deliver(self, data: bytes, t_serialised: float) -> None:
+        b = self._bottleneck
+        delay = self._extra_delay_s + (max(0.0, b.delay_s + b.jitter()) if b else 0.0)
+        at = max(self._last_at, t_serialised + delay)
+        self._last_at = at
+        self._in_flight.put_nowait((at, data))
+
+
+class FluidNetwork(FakeNetwork):
+    """Hosts joined by paths of ``FluidChannel``s (see the module docstring)."""
+
+    def __init__(self, seed: int = 0):
+        super().__init__()
+        self.rng = random.Random(seed)
+        self.channels: dict[str, FluidChannel] = {}
+        self._paths: dict[tuple[str, str], tuple[FluidChannel, ...]] = {}
+
+    def channel(self, link: str, direction: str, rate_gbit: float, delay_ms: float = 0.0,
+                jitter_ms: float = 0.0, jitter_distribution: str = "uniform") -> FluidChannel:
+        ch = FluidChannel(link, direction, rate_gbit, delay_ms, jitter_ms, jitter_distribution,
+                          self.rng)
+        self.channels[ch.id] = ch
+        return ch
+
+    def route(self, src: str, dst: str, channels: Sequence[FluidChannel]) -> None:
+        """Bytes from host ``src`` to host ``dst`` cross ``channels`` in order."""
+        self._paths[(src, dst)] = tuple(channels)
+
+    def path(self, src: str, dst: str) -> tuple[FluidChannel, ...]:
+        return self._paths.get((src, dst), ())
+
+    def pipe(self, src: str, dst: str) -> _FluidPipe:
+        chans = self.path(src, dst)
+        if not chans:
+            return _FluidPipe(None, 0.0)
+        # the slowest channel serialises; on a tie the last one (the receiver's side)
+        neck = min(reversed(chans), key=lambda c: c.rate_gbit)
+        return _FluidPipe(neck, sum(c.delay_s for c in chans if c is not neck),
+                          self.one_way_s(src, dst) + self.one_way_s(dst, src))
+
+    def one_way_s(self, src: str, dst: str) -> float:
+        return sum(c.delay_s for c in self.path(src, dst))
+
+    def host(self, name: str) -> FakeTransport:
+        return FluidTransport(self, name)
+
+
+class FluidTransport(FakeTransport):
+    """Host ``name``'s view of a ``FluidNetwork`` (the fake transport's API)."""
+
+    network: FluidNetwork
+
+    def _pipes(self, host: str) -> tuple[float, object, object]:
+        net = self.network
+        rtt = net.one_way_s(self.name, host) + net.one_way_s(host, self.name)
+        return rtt, net.pipe(self.name, host), net.pipe(host, self.name)
