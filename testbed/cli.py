@@ -168,7 +168,7 @@ def _run_options(args, out, dry_run: bool = False):
                       None if args.backend == "auto" else args.backend, dry_run,
                       args.ready_timeout_s, args.preflight_tol_ms,
                       pcap=getattr(args, "pcap", False), engine=getattr(args, "engine", None),
-                      clock=getattr(args, "clock", None))
+                      clock=getattr(args, "clock", None), tie_seed=getattr(args, "tie_seed", 0))
 
 
 def cmd_run(args) -> int:
@@ -270,6 +270,21 @@ def cmd_spread(args) -> int:
     (out / "spread.md").write_text(text)
     print(text + f"spread: {out / 'spread.md'}")
     return 1 if any(e["inside"] or e["flips"] for e in result["expectations"]) else 0
+
+
+def cmd_crossval(args) -> int:
+    """Every scenario on the virtual clock beside the emulator's runs of it (made here or
+    found): OUT/crossval.md and .json (testbed/scenario/crossval.py)."""
+    from pathlib import Path
+
+    from testbed.scenario.crossval import run_crossval
+
+    out = Path(args.out)
+    with out_dir_lock(out, "testbed crossval"):
+        run_crossval(args.paths, out, _run_options(args, out), args.emulated_runs,
+                     [Path(d) for d in args.emulated_from], args.virtual_runs)
+    print((out / "crossval.md").read_text() + f"crossval: {out / 'crossval.md'}")
+    return 0
 
 
 def cmd_report(args) -> int:
@@ -613,6 +628,9 @@ def _run_args(p, pcap_default: bool = False) -> None:
                    help="emulated: role processes in the emulated network (root); virtual: "
                    "the same roles in one process on a simulated clock over a network model "
                    "(no root; default: the scenario's clock)")
+    p.add_argument("--tie-seed", type=int, default=0,
+                   help="virtual clock: the seed that breaks ties between timers due at one "
+                   "instant (simultaneous arrivals' order at P), as a real machine's noise does")
     what = ("a bounded capture of the WAN per mode (MODE/wan.pcap, 128-byte snap, at most "
             "200k packets), analysed in the report (MODE/pcap.json)")
     if pcap_default:
@@ -674,6 +692,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="leave this scenario out (repeatable)")
     _run_args(p)
     p.set_defaults(func=cmd_suite)
+    p = sub.add_parser("crossval", help="the virtual clock against the emulator: each "
+                       "scenario on both, the error per metric (crossval.md)")
+    p.add_argument("paths", nargs="*", default=["scenarios"],
+                   help="scenario files and/or directories (default scenarios/)")
+    p.add_argument("--out", required=True, help="folder: NAME/virtual-tieN, NAME/emulated-N, "
+                   "the table")
+    p.add_argument("--emulated-runs", type=int, default=0, metavar="N",
+                   help="emulated runs per scenario to make here (root)")
+    p.add_argument("--virtual-runs", type=int, default=3, metavar="N",
+                   help="virtual runs per scenario, on tie seeds 0..N-1 (default 3)")
+    p.add_argument("--emulated-from", nargs="*", default=[], metavar="DIR",
+                   help="folders holding emulated run directories made before (a suite's, "
+                   "a spread's): those of each scenario on its seed are its reference")
+    _run_args(p)
+    p.set_defaults(func=cmd_crossval)
     p = sub.add_parser("reproduce", help="the paper's claims side by side with measured "
                        "figures: reproduction.md/.json (runs its scenarios, or --from-runs)")
     p.add_argument("--out", required=True, help="folder: a run directory per slot + the table")

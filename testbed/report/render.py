@@ -425,8 +425,16 @@ def render(run: RunData, summary: dict, plots: Sequence[Plot],
     verdict = "PASSED" if summary["passed"] else "FAILED"
     why = f" (failed: {', '.join(failed)})" if failed else ""
     fid = summary.get("fidelity") or {}
-    head = [f"# Run report: {summary['scenario']}", "",
-            f"**Result: {verdict}**{why}. **Fidelity: {fid.get('verdict') or 'not measured'}**"
+    virtual = summary.get("clock") == "virtual"
+    fid_word = "none (virtual clock)" if virtual else fid.get('verdict') or 'not measured'
+    head = [f"# Run report: {summary['scenario']}", ""]
+    if virtual:
+        head += ["**Clock: virtual.** The role code ran in one process on a simulated clock "
+                 "over a network model (docs/virtual-clock.md), not in the emulated network: "
+                 "no host kept up or fell behind, so there is no fidelity verdict; the "
+                 "emulator is the reference these figures are checked against "
+                 "(`testbed crossval`).", ""]
+    head += [f"**Result: {verdict}**{why}. **Fidelity: {fid_word}**"
             f"{' (strict)' if fid.get('policy') == 'strict' else ''}. Baseline for comparisons: "
             f"`{baseline_of(run)}`. Machine-readable figures: [summary.json](summary.json).", ""]
     lines = (head + _what_ran(run) + _metrics_table(run, summary) + _comparisons(summary)

@@ -149,6 +149,7 @@ def summarize(run: RunData) -> dict:
     return {
         "scenario": run.metadata.get("scenario") or run.resolved.get("name") or run.path.name,
         "backend": run.metadata.get("backend"),
+        "clock": run.metadata.get("clock", "emulated"),
         "scale": run.scale,
         "modes": modes,
         "comparisons": compare(modes, metrics, pairs),
@@ -224,7 +225,9 @@ def summary_table(summary: dict) -> str:
     lines.append("passed" if summary["passed"] else "FAILED")
     lines += [f"  because {why}" for why in summary.get("failures", [])]
     fid = summary.get("fidelity") or {}
-    lines.append(f"fidelity {fid.get('verdict') or 'not measured'}"
+    lines.append("fidelity: none to judge (virtual clock: simulated time, no host to keep up)"
+                 if summary.get("clock") == "virtual" else
+                 f"fidelity {fid.get('verdict') or 'not measured'}"
                  + (" (strict: exit 2)" if strict_degraded(summary) else ""))
     lines += [f"  because {why}" for why in fid.get("reasons", [])]
     note = fidelity.steal_line(fid)

@@ -52,6 +52,7 @@ class RunOptions:
     pcap: bool = False  # keep a bounded WAN capture per mode, MODE/wan.pcap (capture.py)
     engine: str | None = None  # every mode's compute engine (torch | hash); None: the scenario's
     clock: str | None = None  # emulated | virtual (testbed/scenario/virtual.py); None: the scenario's
+    tie_seed: int = 0  # virtual clock: the draw that breaks ties between simultaneous timers
 
 
 def run_timeline(actions: list[Action], t0: float, until, tick, triggered=None) -> None:

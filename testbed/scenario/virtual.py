@@ -333,8 +333,8 @@ def run_scenario_virtual(sc, opts) -> dict:
     from testbed.workload import build_workload
 
     if problems := unsupported(sc):
-        raise SpecError(f"{sc.file}: the virtual clock cannot run this scenario: "
-                        + "; ".join(problems))
+        raise SpecError(sc.file, problems[0].split(":", 1)[0], "only what the virtual clock "
+                        "models (docs/virtual-clock.md)", "; ".join(problems))
     seed, scale, _ = sc.overridden(opts.seed, opts.scale, None)
     if scale is None:  # the k the emulator's userspace backend would choose, so both compare
         scale = auto_scale(sc.topology, Backend.USERSPACE)
@@ -342,6 +342,7 @@ def run_scenario_virtual(sc, opts) -> dict:
     opts.out_dir.mkdir(parents=True, exist_ok=True)
     meta = write_metadata(opts.out_dir, sc, "virtual", scale, seed, workload.stats)
     meta["clock"] = "virtual"
+    meta["tie_seed"] = opts.tie_seed
     (opts.out_dir / "metadata.json").write_text(json.dumps(meta, indent=1, default=str))
     print(f"testbed: {sc.name}: {len(workload.requests)} requests, modes "
           f"{', '.join(m.value for m in sc.modes)}; virtual clock, k={scale:g}; "
@@ -350,7 +351,8 @@ def run_scenario_virtual(sc, opts) -> dict:
         mode_dir = opts.out_dir / mode.value
         mode_dir.mkdir(parents=True, exist_ok=True)
         wl = build_workload(mode.workload, Path(sc.file).parent)
-        with asyncio.Runner(loop_factory=VirtualClockLoop) as runner:
+        tie_seed = opts.tie_seed
+        with asyncio.Runner(loop_factory=lambda: VirtualClockLoop(tie_seed)) as runner:
             runner.run(_run_mode(sc, mode, wl, mode_dir, scale, seed))
             loop = runner.get_loop()
             print(f"[{mode.value}] finished at {loop.time():.1f} s simulated, "

@@ -21,11 +21,16 @@ Rules that keep a run exact and repeatable:
 - When nothing is ready and no timer is set, every task waits for
   something that cannot happen: ``Stalled`` is raised (a deadlock, named,
   rather than a hang).
-- One loop and no threads: same inputs, same seed, same interleaving.
-  Callbacks that are ready at one instant run in the order they were
-  scheduled (asyncio's FIFO), so two runs give the same output; the one
-  outside input is Python's string hashing (set order), fixed by
-  ``PYTHONHASHSEED``, which ``testbed run --clock virtual`` sets.
+- One loop and no threads: same inputs, same seeds, same interleaving,
+  so two runs give the same output.
+- Ties. Timers due at the same simulated instant (16 requests of a trace
+  that arrive together, a KV segment and a decode step) would run in the
+  order they were scheduled; on a real machine microseconds of noise
+  decide, and that order matters (it is the order of P's queue). With a
+  ``tie_seed`` every timer is set ``TIE_S`` x U(0, 1) later, drawn from
+  that seed: a tie is broken at random, the same way each run of the same
+  seed, and runs on other tie seeds sample the orders the emulator's
+  noise would. ``tie_seed=None``: scheduling order, no draw.
 
 Example::
 
@@ -40,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import random
 import selectors
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -49,6 +55,7 @@ T = TypeVar("T")
 # the epoch of a virtual run's ``testbed.clock.wall_ns`` (2026-01-01T00:00:00Z): fixed, so
 # ids drawn from it repeat from run to run
 VIRTUAL_EPOCH_NS = 1_767_225_600 * 10**9
+TIE_S = 1e-6  # the most a timer is moved to break ties (a real loop's noise is ~us)
 
 
 class Stalled(RuntimeError):
@@ -99,12 +106,18 @@ class VirtualClockLoop(asyncio.SelectorEventLoop):
     virtual_clock = True
     epoch_ns = VIRTUAL_EPOCH_NS
 
-    def __init__(self) -> None:
+    def __init__(self, tie_seed: int | None = None) -> None:
         selector = _VirtualSelector()
         super().__init__(selector)
         selector.loop = self
         self._virtual_now = 0.0
+        self._ties = None if tie_seed is None else random.Random(tie_seed)
         self.jumps = 0  # how many times the clock moved: the run's timer events
+
+    def call_at(self, when, callback, *args, context=None):
+        if self._ties is not None:
+            when += self._ties.random() * TIE_S
+        return super().call_at(when, callback, *args, context=context)
 
     def time(self) -> float:
         return self._virtual_now
@@ -133,7 +146,7 @@ class VirtualClockLoop(asyncio.SelectorEventLoop):
         return future
 
 
-def run_virtual(main: Coroutine[Any, Any, T]) -> T:
+def run_virtual(main: Coroutine[Any, Any, T], tie_seed: int | None = None) -> T:
     """Run ``main`` to completion on a fresh ``VirtualClockLoop`` (as ``asyncio.run``)."""
-    with asyncio.Runner(loop_factory=VirtualClockLoop) as runner:
+    with asyncio.Runner(loop_factory=lambda: VirtualClockLoop(tie_seed)) as runner:
         return runner.run(main)

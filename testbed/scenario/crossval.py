@@ -1,0 +1,92 @@
+"""``testbed crossval``: every scenario on both clocks, and the virtual one's error.
+
+Owns ``run_crossval`` and ``find_runs``. For each scenario: the virtual
+clock runs it ``virtual_runs`` times, on tie seeds 0, 1, ... (a virtual
+run repeats exactly; its tie seed decides the order of simultaneous events,
+as a real machine's noise does; a scenario it cannot model is listed as
+refused, with the reason), and the
+emulator's reference is several runs on the scenario's seed: made here
+(``emulated_runs`` of them, root; NAME/emulated-N) or found among run directories made
+before (``find_runs``: every run directory under the given folders whose
+metadata names the scenario and its seed and was emulated). Then
+``testbed.report.crossval`` tabulates: OUT/crossval.json, OUT/crossval.md.
+
+Example::
+
+    sudo testbed crossval scenarios/ --emulated-runs 3 --out runs/xval
+    testbed crossval scenarios/quickstart.yaml --emulated-from runs/suite runs/spread-qs \
+        --out runs/xval
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from testbed.scenario.virtual import unsupported
+
+
+def find_runs(roots: Sequence[Path], scenario: str, seed: int) -> list[Path]:
+    """Emulated run directories (summary.json and metadata.json, not a virtual run) of
+    ``scenario`` on ``seed`` under ``roots`` (each root itself or up to two levels down)."""
+    found = []
+    for root in roots:
+        candidates = [root] + sorted(root.glob("*")) + sorted(root.glob("*/*"))
+        for d in candidates:
+            meta_path, summary = d / "metadata.json", d / "summary.json"
+            if not (meta_path.is_file() and summary.is_file()):
+                continue
+            try:
+                meta = json.loads(meta_path.read_text())
+            except ValueError:
+                continue
+            if meta.get("scenario") == scenario and meta.get("seed") == seed \
+                    and meta.get("clock", "emulated") != "virtual" and d not in found:
+                found.append(d)
+    return found
+
+
+def run_crossval(paths: Sequence[str], out: Path, opts, emulated_runs: int = 0,
+                 emulated_from: Sequence[Path] = (), virtual_runs: int = 3) -> dict:
+    """See the module docstring; ``opts`` is the runner's RunOptions (its out_dir and
+    clock are set per run)."""
+    from testbed.report.crossval import crossval, crossval_markdown
+    from testbed.scenario.runner import run_scenario
+    from testbed.scenario.suite import collect_paths, load_all
+
+    pairs, refused, missing = {}, {}, []
+    for sc in load_all(collect_paths(list(paths))):
+        if problems := unsupported(sc):
+            refused[sc.name] = "; ".join(problems)
+            continue
+        seed = sc.seed if opts.seed is None else opts.seed
+        vdirs = [out / sc.name / f"virtual-tie{i}" for i in range(virtual_runs)]
+        for i, vdir in enumerate(vdirs):
+            if not (vdir / "summary.json").is_file():
+                run_scenario(sc, dataclasses.replace(opts, out_dir=vdir, clock="virtual",
+                                                     tie_seed=i))
+        edirs = find_runs(list(emulated_from), sc.name, seed)
+        for i in range(1, emulated_runs + 1):
+            d = out / sc.name / f"emulated-{i}"
+            if not (d / "summary.json").is_file():
+                run_scenario(sc, dataclasses.replace(opts, out_dir=d, clock="emulated"))
+            edirs.append(d)
+        if not edirs:
+            missing.append(sc.name)
+            continue
+        pairs[sc.name] = ([json.loads((d / "summary.json").read_text()) for d in edirs],
+                          [json.loads((d / "summary.json").read_text()) for d in vdirs])
+        print(f"crossval: {sc.name}: {len(edirs)} emulated run(s): "
+              + ", ".join(str(d) for d in edirs), file=sys.stderr)
+    table = crossval(pairs, refused)
+    table["no_emulated_runs"] = missing
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "crossval.json").write_text(json.dumps(table, indent=1) + "\n")
+    text = crossval_markdown(table)
+    if missing:
+        text += "\nNo emulated run found (not compared): " + ", ".join(missing) + "\n"
+    (out / "crossval.md").write_text(text)
+    return table

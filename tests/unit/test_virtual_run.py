@@ -1,0 +1,162 @@
+"""``testbed run --clock virtual`` end to end (testbed/scenario/virtual.py), no root.
+
+A small scenario on the shipped two-DC topology runs every mode in one
+process on the virtual clock: the run directory is the emulator's, the
+report names the clock, two runs give byte-identical requests.jsonl, and
+what the model does not cover is refused by name before anything runs.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from testbed import cli
+from testbed.report.crossval import compare_scenario, crossval
+from testbed.scenario.virtual import unsupported
+from testbed.spec.scenario import load_scenario
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SMALL = """\
+name: small-virtual
+topology: {topology}
+modes: [pdd, cross-dc-pd]
+seed: 3
+pdd: {{token_scale: 32, kv_bytes_per_token: 50000, time_scale: 0.5, engine: hash}}
+drain_s: 20
+workload:
+  kind: synthetic
+  seed: 3
+  n_requests: 8
+  arrival: {{process: poisson, rate_rps: 1.0}}
+  input_len: {{dist: uniform, min_tokens: 256, max_tokens: 768}}
+  output_len: {{dist: uniform, min_tokens: 64, max_tokens: 128}}
+  hit_rate: {{mean_pct: 60}}
+  sessions: {{concurrent: 2, turns: 4, shared_prefixes: 1}}
+faults:
+{faults}
+expectations:
+  - {{name: no token lost, mode: pdd, metric: tokens_lost, op: "==", value: 0}}
+  - {{name: no token duplicated, mode: pdd, metric: tokens_duplicated, op: "==", value: 0}}
+"""
+
+
+def _scenario(tmp_path: Path, faults: str = "  []", name: str = "s.yaml") -> Path:
+    path = tmp_path / name
+    faults_text = faults if faults.strip() != "[]" else ""
+    text = SMALL.format(topology=ROOT / "topologies" / "two-dc.yaml", faults=faults_text)
+    if not faults_text:
+        text = text.replace("faults:\n", "")
+    path.write_text(text)
+    return path
+
+
+def _run(scenario: Path, out: Path, *extra: str) -> int:
+    return cli.main(["run", str(scenario), "--clock", "virtual", "--out", str(out), *extra])
+
+
+def test_a_virtual_run_writes_the_emulators_run_directory_and_repeats_byte_for_byte(tmp_path):
+    sc = _scenario(tmp_path)
+    assert _run(sc, tmp_path / "a") == 0
+    assert _run(sc, tmp_path / "b") == 0
+    for mode in ("pdd", "cross-dc-pd"):
+        a = (tmp_path / "a" / mode / "requests.jsonl").read_bytes()
+        assert a == (tmp_path / "b" / mode / "requests.jsonl").read_bytes()
+        records = [json.loads(x) for x in a.decode().splitlines()]
+        assert len(records) == 8 and all(r["status"] == "completed" for r in records)
+        verify = json.loads((tmp_path / "a" / mode / "verify.json").read_text())
+        assert verify == {"checked": 8, "mismatched": []}
+        links = (tmp_path / "a" / mode / "links.csv").read_text().splitlines()
+        assert links[0].startswith("t_mono,link,direction,bytes")
+    summary = json.loads((tmp_path / "a" / "summary.json").read_text())
+    meta = json.loads((tmp_path / "a" / "metadata.json").read_text())
+    assert summary["clock"] == meta["clock"] == "virtual" and summary["passed"]
+    assert summary["fidelity"]["verdict"] is None
+    assert summary["modes"]["pdd"]["wan_bytes"] > 0
+    assert "**Clock: virtual.**" in (tmp_path / "a" / "report.md").read_text()
+
+
+def test_faults_act_on_the_virtual_clock(tmp_path):
+    faults = ("  - {at_s: 1, kind: bandwidth, duration_s: 3, rate_gbit: 0.5}\n"
+              "  - {at_s: 2, kind: congestion, flows: 2, duration_s: 2}\n"
+              "  - {at_s: 3, kind: restart, role: main_decode, down_s: 2}\n")
+    sc = _scenario(tmp_path, faults)
+    code = _run(sc, tmp_path / "f")
+    events = [json.loads(x) for x in
+              (tmp_path / "f" / "pdd" / "events.jsonl").read_text().splitlines()]
+    kinds = [e["kind"] for e in events]
+    for k in ("set_link", "cross_traffic_start", "cross_traffic_stop", "process_kill",
+              "process_restart", "workload_start", "workload_end"):
+        assert k in kinds, k
+    start = next(e["t_mono"] for e in events if e["kind"] == "workload_start")
+    dip = next(e for e in events if e["kind"] == "set_link")
+    assert dip["t_mono"] - start == pytest.approx(1.0, abs=1e-3)
+    assert dip["emulated_rate_gbit"] == pytest.approx(0.5 / json.loads(
+        (tmp_path / "f" / "metadata.json").read_text())["scale"])
+    records = [json.loads(x) for x in
+               (tmp_path / "f" / "pdd" / "requests.jsonl").read_text().splitlines()]
+    assert len(records) == 8  # every request ends, completed or failed with a reason
+    assert all(r["status"] == "completed" or r["reason"] for r in records)
+    assert all(r["tokens_duplicated"] == 0 for r in records)
+    assert code in (0, 1)
+
+
+@pytest.mark.parametrize("name, field", [("loss.yaml", "faults[0].kind: 'loss'"),
+                                         ("link-flap.yaml", "faults[0].kind: 'link_flap'"),
+                                         ("event-faults.yaml", "faults[0].trigger")])
+def test_what_the_model_does_not_cover_is_refused_by_name(name, field, tmp_path, capsys):
+    problems = unsupported(load_scenario(ROOT / "scenarios" / name))
+    assert any(p.startswith(field) for p in problems), problems
+    assert _run(ROOT / "scenarios" / name, tmp_path / "r") == 2
+    err = capsys.readouterr().err
+    assert name in err and field in err
+    assert not (tmp_path / "r" / "metadata.json").exists()  # nothing ran
+
+
+def test_a_lossy_link_in_the_topology_is_refused_naming_the_field(tmp_path):
+    topo = (ROOT / "topologies" / "two-dc.yaml").read_text()
+    sc = _scenario(tmp_path)
+    text = sc.read_text()
+    assert "wan:" not in text
+    sc.write_text(text.replace("modes:", "wan: {loss_pct: 1}\nmodes:", 1))
+    assert topo  # the shipped topology is unchanged; the scenario overrides its WAN
+    problems = unsupported(load_scenario(sc))
+    assert problems and problems[0].startswith("wan.a_to_b.loss: 1% mean")
+
+
+def test_the_shipped_scenarios_the_model_covers():
+    covered = [p.name for p in sorted((ROOT / "scenarios").glob("*.yaml"))
+               if not unsupported(load_scenario(p))]
+    assert "quickstart.yaml" in covered and "mooncake-fleet.yaml" in covered
+    assert "loss.yaml" not in covered
+
+
+def _summary(ttft: float, verdict: str = "faithful", passed: bool = True) -> dict:
+    return {"modes": {"pdd": {"ttft_p50_s": ttft, "wan_bytes": 100.0}},
+            "fidelity": {"verdict": verdict},
+            "expectations": [{"name": "tail", "passed": passed}]}
+
+
+def test_crossval_errors_are_of_the_medians_and_mape_counts_faithful_scenarios_only():
+    emu = [_summary(1.0), _summary(1.2), _summary(0.9)]
+    virt = [_summary(1.1), _summary(1.3), _summary(1.0)]
+    row = compare_scenario(emu, virt)["modes"]["pdd"]["ttft_p50_s"]
+    assert row["median"] == 1.0 and row["virtual"] == 1.1
+    assert row["rel_error"] == pytest.approx(0.1) and row["overlap"]
+    table = crossval({"a": (emu, virt),
+                      "b": ([_summary(1.0, "degraded")], [_summary(2.0)])})
+    assert table["mape"]["ttft_p50_s"] == pytest.approx(0.1)  # b is degraded: left out
+    assert table["mape"]["wan_bytes"] == 0.0
+    assert table["verdicts_agree"] == 2 and table["verdicts_compared"] == 2
+
+
+def test_crossval_verdicts_disagree_or_have_no_reference():
+    flip = crossval({"a": ([_summary(1.0), _summary(1.0)],
+                           [_summary(1.0), _summary(1.0, passed=False)])})
+    assert flip["scenarios"]["a"]["expectations"]["tail"]["agree"] is False
+    none = crossval({"a": ([_summary(1.0), _summary(1.0, passed=False)], [_summary(1.0)])})
+    assert none["scenarios"]["a"]["expectations"]["tail"]["agree"] is None
+    assert none["verdicts_compared"] == 0
