@@ -69,7 +69,8 @@ class Client:
         self._offset: dict[int, int] = {}  # request id -> its resumed round's first position
         self._interrupted: list[int] = []  # requests to resume once the router is back
         self.reconnects = 0  # router connections made after the first
-        self._changed = asyncio.Event()
+        self._changed = asyncio.Event()  # anything changed (a connection, any request)
+        self._changed_rid: dict[int, asyncio.Event] = {}  # this request's frames arrived
         self._t0 = 0.0
 
     async def _connect(self) -> Connection:
@@ -127,11 +128,12 @@ class Client:
         except (ConnectionClosed, ProtocolError):
             pass  # the reader sees the connection end and resumes the request
         try:
-            await asyncio.wait_for(self._until(lambda: trace.terminal),
+            await asyncio.wait_for(self._until(lambda: trace.terminal,
+                                               self._changed_rid.setdefault(rid, asyncio.Event())),
                                    max(0.0, deadline - loop.time()))
         except asyncio.TimeoutError:
             trace.fail(f"timeout after {timeout:g} s")
-            self._changed.set()
+            self._wake(rid)
             try:
                 await self._sent_on[rid].send(Frame(rid, Cancel()))
             except ConnectionClosed:
@@ -143,10 +145,22 @@ class Client:
         if self.on_end is not None:
             self.on_end(trace.req.id)
 
-    async def _until(self, cond) -> None:
+    async def _until(self, cond, event: asyncio.Event | None = None) -> None:
+        """Wait until ``cond()``, checked whenever ``event`` (default: any change) is set:
+        a request waits on its own event, so a frame wakes one waiter, not all of them."""
+        event = event or self._changed
         while not cond():
-            self._changed.clear()
-            await self._changed.wait()
+            event.clear()
+            await event.wait()
+
+    def _wake(self, rid: int | None = None) -> None:
+        """A change: to request ``rid`` (its waiter and the run's), or to all (None)."""
+        self._changed.set()
+        if rid is None:
+            for event in self._changed_rid.values():
+                event.set()
+        elif (event := self._changed_rid.get(rid)) is not None:
+            event.set()
 
     async def _wait(self, cond, timeout_s: float | None) -> None:
         try:
@@ -163,7 +177,7 @@ class Client:
                 while conn is not None:
                     frame = await conn.recv()
                     self._on_frame(conn, frame)
-                    self._changed.set()
+                    self._wake(frame.request_id)
             except (ConnectionClosed, ProtocolError) as err:
                 conn.close()
                 self._conn = None
@@ -173,7 +187,7 @@ class Client:
                             self._interrupted.append(rid)
                         else:
                             t.fail(f"router connection lost: {err} ({t.resumes} resumes)")
-                self._changed.set()
+                self._wake()
             while self._conn is None:
                 await asyncio.sleep(RECONNECT_S)
                 try:
@@ -181,7 +195,7 @@ class Client:
                 except (OSError, ConnectionClosed):
                     continue
                 self.reconnects += 1
-                self._changed.set()
+                self._wake()
             await self._resume_interrupted()
 
     async def _resume_interrupted(self) -> None:
@@ -194,7 +208,7 @@ class Client:
             k = t.resume()
             if k >= t.req.max_out:  # every token arrived; only DONE was lost
                 t.done = True
-                self._changed.set()
+                self._wake(rid)
                 continue
             req, held = t.req, tuple(t.tokens[p][0] for p in range(k))
             meta = {"id": req.id, "session": req.session, "resumed_from": k}

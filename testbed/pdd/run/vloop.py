@@ -12,9 +12,9 @@ the workload's arrivals move the clock. Everything that reads
 Rules that keep a run exact and repeatable:
 
 - No real I/O drives the run: roles talk through an in-process transport
-  (``testbed.pdd.wire.fake_transport`` and its shaped WAN). Real file
-  descriptors still work (the loop polls them without waiting), but a wait
-  on one does not move the clock.
+  (``testbed.pdd.wire.fluid_net``, or the fake transport). Real file
+  descriptors still work (the loop polls them, without waiting, whenever
+  nothing else is ready), but a wait on one does not move the clock.
 - ``run_in_executor`` (and so ``asyncio.to_thread``) runs the function at
   once, on the loop's thread: a thread's completion would come at a real
   time the simulation cannot place.
@@ -89,8 +89,10 @@ class _VirtualSelector(selectors.BaseSelector):
         self._real.close()
 
     def select(self, timeout=None):
+        if timeout == 0:  # callbacks are ready: real descriptors wait for the next jump
+            return []
         ready = self._real.select(0)
-        if ready or timeout == 0:
+        if ready:
             return ready
         loop = self.loop
         if timeout is None:

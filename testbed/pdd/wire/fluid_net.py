@@ -27,6 +27,10 @@ channels: a host's up and down link, the WAN's a>b and b>a):
   writer waits (``reserve``), as a TCP writer blocks on a full socket: a
   small KV chunk written behind a large transfer waits for what is
   buffered ahead of it, not for the whole transfer.
+- **Small writes.** A write of at most ``SMALL_BYTES`` (4 KB: a token or
+  control frame) that finds its connection idle is served at once at the
+  share a new flow would get, without joining the sharing (its bytes are
+  counted, not taken from the other flows).
 - **Delay.** A byte that finished serialising arrives after the path's
   one-way delay (the sum of its channels' delays, plus the bottleneck's
   jitter draw, 'uniform' or 'normal'), never before an earlier byte of the
@@ -76,6 +80,11 @@ SNDBUF_MIN_BYTES = 256 * 1024
 # payload bytes per wire byte: a full TCP segment (MSS 1448 with timestamps) in a
 # 1500-byte IP packet plus its 14-byte Ethernet header, as htb counts it
 PAYLOAD_SHARE = 1448 / 1514
+# a write this small (a control or token frame) that finds its connection idle is served
+# at once at the share a new flow would get, without joining the sharing: its bytes are
+# counted but not taken from the other flows (at most 4 KB against segments of 64 KiB
+# and more), which saves the sharing's bookkeeping on the most frequent frames
+SMALL_BYTES = 4096
 
 
 class FluidChannel:
@@ -107,6 +116,16 @@ class FluidChannel:
     def rate_bytes_s(self) -> float:
         """Payload bytes per second (the wire rate less the headers)."""
         return self.rate_gbit * 1e9 / 8 * PAYLOAD_SHARE if self.up else 0.0
+
+    @property
+    def flows(self) -> int:
+        """Flows sharing the rate now: connections with bytes queued, and cross traffic."""
+        return len(self._flows) + self.bulk_flows
+
+    def pass_small(self, n: int) -> None:
+        """Count a small write served outside the sharing (``_FluidPipe.put``)."""
+        self.bytes += n
+        self.frames += 1
 
     @property
     def backlog_bytes(self) -> int:
@@ -206,7 +225,8 @@ class FluidChannel:
 
 class _FluidPipe(_Pipe):
     """One direction of a connection over a path: queued on its bottleneck channel, then
-    delivered after the path's delay, in order."""
+    delivered after the path's delay, in order. Delivery is a timer on the loop for the
+    oldest bytes in flight (no pump task: a frame costs two timers, not a task switch)."""
 
     def __init__(self, bottleneck: FluidChannel | None, extra_delay_s: float,
                  rtt_s: float = 0.0):
@@ -216,6 +236,8 @@ class _FluidPipe(_Pipe):
         self._last_at = 0.0
         self._queued = 0  # bytes written and not yet through the bottleneck
         self._room = asyncio.Event()
+        self._flight: deque[tuple[float, bytes]] = deque()
+        self._timer: asyncio.TimerHandle | None = None
 
     def sndbuf_bytes(self) -> float:
         b = self._bottleneck
@@ -234,16 +256,17 @@ class _FluidPipe(_Pipe):
         self._room.set()
 
     def put(self, data: bytes) -> None:
-        loop = asyncio.get_running_loop()
-        now = loop.time()
-        if self._pump is None:
-            self._pump = loop.create_task(self._run_pump())
-        if not data or self._bottleneck is None:  # end of stream, or an unshaped path
+        now = asyncio.get_running_loop().time()
+        neck = self._bottleneck
+        if not data or neck is None:  # end of stream, or an unshaped path
             self.deliver(data, now)
             return
-        neck = self._bottleneck
-        self._queued += len(data)
         seg = max(SEGMENT_MIN_BYTES, int(neck.rate_gbit * 1e9 / 8 * SEGMENT_S))
+        if len(data) <= SMALL_BYTES and self._queued == 0 and neck.rate_bytes_s > 0:
+            neck.pass_small(len(data))  # served at its fair share at once: see SMALL_BYTES
+            self.deliver(data, now + len(data) / (neck.rate_bytes_s / (neck.flows + 1)))
+            return
+        self._queued += len(data)
         if len(data) <= seg:
             neck.enqueue(self, data, now)
             return
@@ -255,7 +278,17 @@ class _FluidPipe(_Pipe):
         delay = self._extra_delay_s + (max(0.0, b.delay_s + b.jitter()) if b else 0.0)
         at = max(self._last_at, t_serialised + delay)
         self._last_at = at
-        self._in_flight.put_nowait((at, data))
+        self._flight.append((at, data))
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().call_at(at, self._arrive)
+
+    def _arrive(self) -> None:
+        self._timer = None
+        now = asyncio.get_running_loop().time()
+        while self._flight and self._flight[0][0] <= now:
+            self._inbox.put_nowait(self._flight.popleft()[1])
+        if self._flight:
+            self._timer = asyncio.get_running_loop().call_at(self._flight[0][0], self._arrive)
 
 
 class FluidNetwork(FakeNetwork):
