@@ -176,3 +176,42 @@ def test_an_unrouted_pair_has_no_delay_and_no_rate():
         return clock.now()
 
     assert run_virtual(main()) == 0.0
+
+
+def test_frames_travel_as_objects_with_their_size_and_dicts_are_copied():
+    from testbed.pdd.wire.fields import Role
+    from testbed.pdd.wire.messages import KvChunk, Report
+    from testbed.pdd.wire.protocol import Frame, encode_frame_parts
+
+    net, _ = _net()
+    listener_seen = []
+
+    async def handler(conn):
+        while True:
+            try:
+                frame = await conn.recv()
+                listener_seen.append((clock.now(), frame, conn.bytes_received))
+            except Exception:
+                return
+
+    async def main():
+        listener = await net.host("md").serve("md", 7000, handler)
+        conn = await net.host("p").connect("md", 7000)
+        chunk = Frame(1, KvChunk(0, 2, 0, 64, b"kv", filler=300_000))
+        report = Frame(1, Report(Role.PREFILL, "p", {"x": [1, 2]}))
+        await conn.send(chunk)
+        await conn.send(report)
+        await asyncio.sleep(2.0)
+        conn.close()
+        listener.close()
+        await listener.wait_closed()
+        return chunk, report, conn.bytes_sent
+
+    chunk, report, sent = run_virtual(main())
+    size = sum(len(p) for p in encode_frame_parts(chunk)[0]) + 300_000
+    (t1, got1, rx1), (t2, got2, rx2) = listener_seen[:2]
+    assert got1 == chunk  # the same frame
+    # connect: one round trip (10 ms there, nothing back), then the bytes and the delay
+    assert t1 == pytest.approx(0.010 + size / RATE + 0.010, rel=1e-6)
+    assert rx1 == size and sent >= size
+    assert got2 == report and got2.message.data is not report.message.data  # a copy

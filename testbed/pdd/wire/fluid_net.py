@@ -1,8 +1,10 @@
 """The network of a virtual-clock run: shaped channels shared by TCP-like flows.
 
 Owns ``FluidNetwork`` (hosts, the channels of their paths, byte counters),
-``FluidChannel`` (one shaped direction) and ``FluidTransport`` (a host's
-``serve`` / ``connect``, the fake transport's API and framing).
+``FluidChannel`` (one shaped direction), ``FluidTransport`` (a host's
+``serve`` / ``connect``, the fake transport's API) and ``FluidConnection``
+(frames carried as objects with their encoded size: counted, not
+materialised).
 
 The model, per channel (one direction of a link, as the emulator's
 channels: a host's up and down link, the WAN's a>b and b>a):
@@ -59,11 +61,15 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 from collections import deque
 from collections.abc import Sequence
 
 from testbed.pdd.wire.fake_transport import FakeNetwork, FakeTransport, _Pipe
+from testbed.pdd.wire.messages import KvChunk
+from testbed.pdd.wire.protocol import Frame, FrameDecoder, encode_frame_parts
+from testbed.pdd.wire.transport import Connection, ConnectionClosed
 
 _EPS_BYTES = 1e-6
 # a write is served and delivered in segments of at most this many seconds of its
@@ -129,7 +135,7 @@ class FluidChannel:
 
     @property
     def backlog_bytes(self) -> int:
-        return int(sum(sum(item[0] for item in q) for q in self._flows.values()))
+        return int(sum(sum(item[0] for item in q) for q in self._flows.values()))  # unserved
 
     def jitter(self) -> float:
         if not self.jitter_s:
@@ -157,9 +163,11 @@ class FluidChannel:
             self.bulk_flows = bulk_flows
         self._reschedule(now)
 
-    def enqueue(self, pipe: "_FluidPipe", data: bytes, now: float) -> None:
+    def enqueue(self, pipe: "_FluidPipe", size: int, payload: object, now: float) -> None:
+        """Queue ``size`` bytes of ``pipe``'s stream; ``payload`` is handed to the pipe
+        when they are through (bytes, a frame, or None for a segment of one)."""
         self._advance(now)
-        self._flows.setdefault(pipe, deque()).append([float(len(data)), data])
+        self._flows.setdefault(pipe, deque()).append([float(size), payload, size])
         self._reschedule(now)
 
     # -- the fluid server ---------------------------------------------------
@@ -189,11 +197,11 @@ class FluidChannel:
                 q = self._flows[pipe]
                 q[0][0] -= head
                 if q[0][0] <= _EPS_BYTES:
-                    _, data = q.popleft()
-                    self.bytes += len(data)
+                    _, payload, size = q.popleft()
+                    self.bytes += size
                     self.frames += 1
-                    pipe.served(len(data))
-                    pipe.deliver(data, t)
+                    pipe.served(size)
+                    pipe.deliver(payload, t, size)
                     if not q:
                         del self._flows[pipe]
 
@@ -256,29 +264,38 @@ class _FluidPipe(_Pipe):
         self._room.set()
 
     def put(self, data: bytes) -> None:
+        """Send bytes (b"": end of stream); ``get`` returns them, in pieces."""
+        self.send(data, len(data))
+
+    def send(self, payload: object, size: int) -> None:
+        """Send ``size`` bytes that carry ``payload`` (bytes, split with the segments; or
+        a frame, delivered with its last segment); a size 0 ends the stream."""
         now = asyncio.get_running_loop().time()
         neck = self._bottleneck
-        if not data or neck is None:  # end of stream, or an unshaped path
-            self.deliver(data, now)
+        if not size or neck is None:  # end of stream, or an unshaped path
+            self.deliver(payload, now, size)
             return
         seg = max(SEGMENT_MIN_BYTES, int(neck.rate_gbit * 1e9 / 8 * SEGMENT_S))
-        if len(data) <= SMALL_BYTES and self._queued == 0 and neck.rate_bytes_s > 0:
-            neck.pass_small(len(data))  # served at its fair share at once: see SMALL_BYTES
-            self.deliver(data, now + len(data) / (neck.rate_bytes_s / (neck.flows + 1)))
+        if size <= SMALL_BYTES and self._queued == 0 and neck.rate_bytes_s > 0:
+            neck.pass_small(size)  # served at its fair share at once: see SMALL_BYTES
+            self.deliver(payload, now + size / (neck.rate_bytes_s / (neck.flows + 1)), size)
             return
-        self._queued += len(data)
-        if len(data) <= seg:
-            neck.enqueue(self, data, now)
+        self._queued += size
+        if size <= seg:
+            neck.enqueue(self, size, payload, now)
             return
-        for i in range(0, len(data), seg):
-            neck.enqueue(self, data[i:i + seg], now)
+        raw = isinstance(payload, (bytes, bytearray, memoryview))
+        for i in range(0, size, seg):
+            n = min(seg, size - i)
+            part = payload[i:i + n] if raw else (payload if i + n >= size else None)
+            neck.enqueue(self, n, part, now)
 
-    def deliver(self, data: bytes, t_serialised: float) -> None:
+    def deliver(self, payload: object, t_serialised: float, size: int | None = None) -> None:
         b = self._bottleneck
         delay = self._extra_delay_s + (max(0.0, b.delay_s + b.jitter()) if b else 0.0)
         at = max(self._last_at, t_serialised + delay)
         self._last_at = at
-        self._flight.append((at, data))
+        self._flight.append((at, payload, len(payload) if size is None else size))
         if self._timer is None:
             self._timer = asyncio.get_running_loop().call_at(at, self._arrive)
 
@@ -286,9 +303,94 @@ class _FluidPipe(_Pipe):
         self._timer = None
         now = asyncio.get_running_loop().time()
         while self._flight and self._flight[0][0] <= now:
-            self._inbox.put_nowait(self._flight.popleft()[1])
+            _, payload, size = self._flight.popleft()
+            self._inbox.put_nowait((size, payload))
         if self._flight:
             self._timer = asyncio.get_running_loop().call_at(self._flight[0][0], self._arrive)
+
+    def wake_reader(self) -> None:
+        self._inbox.put_nowait((0, None))
+
+    async def get_item(self) -> tuple[int, object]:
+        """The next (bytes arrived, what they carried: bytes, a frame or None); (0, None)
+        at (and after) the end of the stream."""
+        if self._eof_seen:
+            return 0, None
+        item = await self._inbox.get()
+        self._eof_seen = item[0] == 0
+        return item
+
+    async def get(self) -> bytes:
+        """The next bytes delivered; b"" at (and after) the end of the stream."""
+        size, payload = await self.get_item()
+        return payload if size else b""
+
+
+class FluidConnection(Connection):
+    """One end of a connection over a ``FluidNetwork``: frames travel as objects with
+    their encoded size (counted, never materialised: a KV_CHUNK's filler is a number),
+    so a virtual run at k = 1 moves gigabytes of KV without holding them.
+
+    A frame is encoded to learn its size (and to check it against the frame limit);
+    the receiver gets the object itself, except a frame whose message holds a dict
+    (HELLO, REQUEST, REPORT, BIND), which is decoded from its bytes so the two ends
+    never share a mutable field. ``bytes_received`` grows with each segment as it
+    arrives, as over TCP. ``send_raw`` (malformed bytes) is not carried: raw bytes are
+    not frames."""
+
+    _COPIED = frozenset({"Hello", "Request", "Report", "Bind"})
+
+    def __init__(self, peer: str, inbound: _FluidPipe, outbound: _FluidPipe,
+                 max_frame_bytes: int):
+        super().__init__(peer, max_frame_bytes)
+        self._inbound, self._outbound = inbound, outbound
+        self._peer_conn: FluidConnection | None = None
+
+    async def send(self, frame: Frame) -> None:
+        if self._closed:
+            raise ConnectionClosed(f"connection to {self.peer} is closed")
+        parts, filler = encode_frame_parts(frame, self.max_frame_bytes)
+        size = sum(len(p) for p in parts) + filler
+        msg = frame.message
+        if type(msg).__name__ in self._COPIED:
+            frame = FrameDecoder(self.max_frame_bytes).feed(b"".join(parts))[0]
+        elif isinstance(msg, KvChunk) and not isinstance(msg.data, bytes):
+            frame = Frame(frame.request_id, dataclasses.replace(msg, data=bytes(msg.data)))
+        async with self._send_lock:
+            if self._peer_conn is not None and self._peer_conn.closed:
+                raise ConnectionClosed(f"sending to {self.peer}: peer has closed the "
+                                       "connection")
+            await self._outbound.reserve(size)
+            self._outbound.send(frame, size)
+            self.bytes_sent += size
+        self.frames_sent += 1
+
+    async def send_raw(self, data: bytes) -> None:
+        raise ConnectionClosed("raw bytes are not carried by the virtual clock's network")
+
+    async def recv(self) -> Frame:
+        while True:
+            if self._closed:
+                raise ConnectionClosed(f"connection to {self.peer} is closed")
+            size, payload = await self._inbound.get_item()
+            if self._closed:
+                raise ConnectionClosed(f"connection to {self.peer} was closed while receiving")
+            if not size:
+                raise ConnectionClosed(f"{self.peer} closed the connection")
+            self.bytes_received += size
+            if payload is not None:
+                self.frames_received += 1
+                return payload
+
+    async def _write(self, parts: list, filler: int) -> None:  # unused: send is overridden
+        raise NotImplementedError
+
+    async def _read(self) -> bytes:  # unused: recv is overridden
+        raise NotImplementedError
+
+    def _close_transport(self) -> None:
+        self._outbound.send(None, 0)
+        self._inbound.wake_reader()
 
 
 class FluidNetwork(FakeNetwork):
@@ -331,11 +433,20 @@ class FluidNetwork(FakeNetwork):
 
 
 class FluidTransport(FakeTransport):
-    """Host ``name``'s view of a ``FluidNetwork`` (the fake transport's API)."""
+    """Host ``name``'s view of a ``FluidNetwork`` (the fake transport's API; its
+    connections are ``FluidConnection``s)."""
 
     network: FluidNetwork
 
-    def _pipes(self, host: str) -> tuple[float, object, object]:
+    async def connect(self, host: str, port: int) -> Connection:
         net = self.network
-        rtt = net.one_way_s(self.name, host) + net.one_way_s(host, self.name)
-        return rtt, net.pipe(self.name, host), net.pipe(host, self.name)
+        net.listener_at((host, port))  # refuse at once, as TCP does
+        await asyncio.sleep(net.one_way_s(self.name, host) + net.one_way_s(host, self.name))
+        listener = net.listener_at((host, port))
+        to_server, to_client = net.pipe(self.name, host), net.pipe(host, self.name)
+        client = FluidConnection(f"{host}:{port}", to_client, to_server, net.max_frame_bytes)
+        server = FluidConnection(f"{self.name}:{net.next_port()}", to_server, to_client,
+                                 net.max_frame_bytes)
+        client._peer_conn, server._peer_conn = server, client
+        listener.accept(server)
+        return client
