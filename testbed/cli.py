@@ -16,6 +16,7 @@ teardown ran).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import signal
@@ -191,6 +192,8 @@ def cmd_run(args) -> int:
 
         print(describe(sc if opts.engine is None else with_engine(sc, opts.engine), opts))
         return 0
+    if args.seeds > 1:
+        return _run_seeds(sc, args, out)
     with out_dir_lock(out, "testbed run " + args.scenario):
         summary = run_scenario(sc, opts)
     from testbed.report.summary import exit_code, summary_table
@@ -198,6 +201,29 @@ def cmd_run(args) -> int:
     print(summary_table(summary))
     print(f"report: {out / 'report.md'}")
     return _fidelity_exit(summary, exit_code(summary))
+
+
+def _run_seeds(sc, args, out) -> int:
+    """``run --seeds N``: seeds S..S+N-1 (S: --seed or the scenario's) into OUT/seed-K, then
+    every metric and ratio with its 95% interval: OUT/seeds.md and .json
+    (testbed/report/seeds.py). Exit 0 when every run passed, else 1."""
+    from testbed.report.seeds import seeds_markdown, seeds_table
+    from testbed.scenario.runner import run_scenario
+    from testbed.spec.scenario import with_seed
+
+    seed0 = sc.seed if args.seed is None else args.seed
+    runs = []
+    with out_dir_lock(out, "testbed run --seeds " + args.scenario):
+        for seed in range(seed0, seed0 + args.seeds):
+            d = out / f"seed-{seed}"
+            opts = dataclasses.replace(_run_options(args, d), seed=seed)
+            runs.append((f"seed {seed}", run_scenario(with_seed(sc, seed), opts)))
+    table = seeds_table(runs)
+    (out / "seeds.json").write_text(json.dumps({"scenario": sc.name, **table}, indent=1) + "\n")
+    text = seeds_markdown(sc.name, table)
+    (out / "seeds.md").write_text(text)
+    print(text + f"seeds: {out / 'seeds.md'}")
+    return 0 if all(s["passed"] for _, s in runs) else 1
 
 
 def _fidelity_exit(summary: dict, code: int) -> int:
@@ -676,6 +702,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="run a scenario: every mode, faults, report")
     p.add_argument("scenario")
     p.add_argument("--out", help="run directory (default runs/NAME-TIME)")
+    p.add_argument("--seeds", type=int, default=1, metavar="N",
+                   help="run N seeds (the scenario's or --seed, and the next ones) into "
+                   "OUT/seed-K; OUT/seeds.md: every metric and ratio with a 95%% interval")
     _run_args(p)
     p.add_argument("--dry-run", action="store_true", help="print the plan, build nothing")
     p.set_defaults(func=cmd_run)
