@@ -281,12 +281,13 @@ def cmd_spread(args) -> int:
         plan = [(f"seed{seed0}-{i}", seed0) for i in range(1, args.runs + 1)]
         plan += [(f"seed{seed0 + j}", seed0 + j) for j in range(1, args.seeds + 1)]
         dirs = []
-        for label, seed in plan:
+        for i, (label, seed) in enumerate(plan):
             d = out / label
             dirs.append(d)
             if args.resume and (d / "summary.json").is_file():
                 continue
-            opts = _run_options(args, d)
+            # a virtual run repeats exactly on its seed: run i breaks ties with tie seed i
+            opts = dataclasses.replace(_run_options(args, d), tie_seed=i)
             with out_dir_lock(d, "testbed spread " + args.scenario):
                 run_scenario(with_seed(sc, seed), opts)
     result = spread(load_summaries(dirs))
