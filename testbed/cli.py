@@ -206,7 +206,9 @@ def cmd_run(args) -> int:
 def _run_seeds(sc, args, out) -> int:
     """``run --seeds N``: seeds S..S+N-1 (S: --seed or the scenario's) into OUT/seed-K, then
     every metric and ratio with its 95% interval: OUT/seeds.md and .json
-    (testbed/report/seeds.py). Exit 0 when every run passed, else 1."""
+    (testbed/report/seeds.py). Exit 0 when every expectation holds over the seeds (on
+    its median, or its interval where it says ``judged_on: interval``) and no run lost
+    or duplicated a token, else 1."""
     from testbed.report.seeds import seeds_markdown, seeds_table
     from testbed.scenario.runner import run_scenario
     from testbed.spec.scenario import with_seed
@@ -218,12 +220,17 @@ def _run_seeds(sc, args, out) -> int:
             d = out / f"seed-{seed}"
             opts = dataclasses.replace(_run_options(args, d), seed=seed)
             runs.append((f"seed {seed}", run_scenario(with_seed(sc, seed), opts)))
-    table = seeds_table(runs)
+    table = seeds_table(runs, judged_on={e.name: e.judged_on or "median"
+                                         for e in sc.expectations})
     (out / "seeds.json").write_text(json.dumps({"scenario": sc.name, **table}, indent=1) + "\n")
     text = seeds_markdown(sc.name, table)
     (out / "seeds.md").write_text(text)
     print(text + f"seeds: {out / 'seeds.md'}")
-    return 0 if all(s["passed"] for _, s in runs) else 1
+    verdicts = [x["passed_over_seeds"] for x in table["expectations"].values()]
+    tokens = all(s["modes"][m].get("tokens_lost", 0) == 0 and
+                 s["modes"][m].get("tokens_duplicated", 0) == 0
+                 for _, s in runs for m in s["modes"])
+    return 0 if tokens and all(v is not False for v in verdicts) else 1
 
 
 def _fidelity_exit(summary: dict, code: int) -> int:

@@ -5,7 +5,9 @@ seeds -> per mode and metric, and per comparison with the baseline, the
 values, median, mean and a 95% confidence interval of the mean; per
 expectation, its values, how many runs passed, its interval and whether
 the bound lies inside it: a verdict the interval does not settle; null for
-an equality bound such as "no token lost"), ``seeds_markdown`` and ``t_975``. Pure: the
+an equality bound such as "no token lost"; and its verdict over the seeds,
+judged on the median or, where the scenario says ``judged_on: interval``,
+on the interval's conservative end: ``judge``), ``seeds_markdown`` and ``t_975``. Pure: the
 caller runs the seeds (``testbed run --seeds N``) and writes seeds.json /
 seeds.md beside their run directories.
 
@@ -30,7 +32,7 @@ import re
 import statistics
 from collections.abc import Mapping, Sequence
 
-from testbed.report.spread import bound_value
+from testbed.report.spread import _BOUND, bound_value
 
 # the two-sided 95% quantile of Student's t, by degrees of freedom (1-30); above: normal
 _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
@@ -66,9 +68,32 @@ def _num(v) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
-def seeds_table(runs: Sequence[tuple[str, Mapping]], baseline: str | None = None) -> dict:
+def judge(values: Sequence[float], ci, bound: str, on: str = "median") -> bool | None:
+    """An expectation over several runs: its bound text's operator and number against the
+    values' median (``on="median"``) or the conservative end of their 95% interval
+    (``"interval"``: the upper end for ``<``/``<=``, the lower for ``>``/``>=``); an
+    equality bound holds when every value equals it. None without values or a bound."""
+    m = _BOUND.search(bound)
+    if not values or m is None:
+        return None
+    op, b = m.group(1), float(m.group(2))
+    if op == "==":
+        return all(v == b for v in values)
+    if on == "interval":
+        if ci is None:
+            return None
+        x = ci[1] if op.startswith("<") else ci[0]
+    else:
+        x = statistics.median(values)
+    return {"<": x < b, "<=": x <= b, ">": x > b, ">=": x >= b}[op]
+
+
+def seeds_table(runs: Sequence[tuple[str, Mapping]], baseline: str | None = None,
+                judged_on: Mapping[str, str] | None = None) -> dict:
     """See the module docstring; ``runs`` are (label, summary.json) pairs; ``baseline``
-    the mode ratios are taken against (default: the first comparison's)."""
+    the mode ratios are taken against (default: the first comparison's); ``judged_on``:
+    expectation name -> "median" | "interval" (the scenario's ``judged_on``; default
+    median)."""
     summaries = [s for _, s in runs]
     modes = list((summaries[0].get("modes") or {}) if summaries else ())
     if baseline is None:
@@ -117,6 +142,9 @@ def seeds_table(runs: Sequence[tuple[str, Mapping]], baseline: str | None = None
         # an equality bound (no token lost) has no side to fall on: not judged by interval
         x["bound_inside_ci"] = None if "==" in x["bound"] or b is None or x["ci95"] is None \
             else x["ci95"][0] <= b <= x["ci95"][1]
+    for name, x in exps.items():
+        x["judged_on"] = (judged_on or {}).get(name) or "median"
+        x["passed_over_seeds"] = judge(x["values"], x["ci95"], x["bound"], x["judged_on"])
     return {"labels": [label for label, _ in runs], "baseline": baseline, "modes": out_modes,
             "ratios": ratios, "expectations": exps,
             "clock": summaries[0].get("clock", "emulated") if summaries else None,
@@ -153,11 +181,13 @@ def seeds_markdown(name: str, table: Mapping) -> str:
                            f"{_ci(d['ci95'])} |")
         out.append("")
     if table["expectations"]:
+        yn = {True: "yes", False: "no", None: "-"}
         out += ["## Expectations", "",
-                "| expectation | bound | passed | median | 95% CI | bound inside the CI |",
-                "|---|---|---:|---:|---|---|"]
+                "| expectation | bound | runs passed | median | 95% CI | bound inside the CI | "
+                "judged on | verdict |", "|---|---|---:|---:|---|---|---|---|"]
         for name_, x in table["expectations"].items():
+            verdict = {True: "PASS", False: "FAIL", None: "-"}[x["passed_over_seeds"]]
             out.append(f"| {name_} | {x['bound']} | {x['passed']}/{x['runs']} | "
-                       f"{_g(x['median'])} | {_ci(x['ci95'])} | "
-                       f"{ {True: 'yes', False: 'no', None: '-'}[x['bound_inside_ci']]} |")
+                       f"{_g(x['median'])} | {_ci(x['ci95'])} | {yn[x['bound_inside_ci']]} | "
+                       f"{x['judged_on']} | {verdict} |")
     return "\n".join(out) + "\n"

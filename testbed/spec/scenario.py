@@ -14,6 +14,8 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
+
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +45,7 @@ METRICS = ("requests_total", "requests_completed", "requests_failed", "tokens_lo
 # A (mode, baseline) pair's metrics over the same requests; only a comparison bounds them.
 PAIRED_METRICS = ("paired_ttft_ratio_p50",)
 OPS = ("==", "<=", "<", ">=", ">")
+JUDGED_ON = ("median", "interval")
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 
 
@@ -56,6 +59,9 @@ class Expectation:
     baseline: str | None = None
     max_ratio: float | None = None
     min_ratio: float | None = None
+    # over several seeds (``testbed run --seeds N``): judged on the values' median (None:
+    # the default) or on the conservative end of their 95% interval ("interval")
+    judged_on: str | None = None
 
     def as_dict(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if v is not None}
@@ -160,6 +166,8 @@ def _parse_expectation(f: Fields, modes: tuple[str, ...]) -> Expectation:
         e = Expectation(name, metric, mode, baseline=base, max_ratio=mx, min_ratio=mn)
     else:
         e = Expectation(name, metric, mode, op=f.choice("op", OPS), value=f.num("value"))
+    if f.has("judged_on"):
+        e = dataclasses.replace(e, judged_on=f.choice("judged_on", JUDGED_ON))
     f.done()
     return e
 
