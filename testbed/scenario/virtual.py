@@ -11,7 +11,9 @@ written as the emulator writes them (``cluster.json``, ``workload.jsonl``;
 instances are addressed by host name), the unchanged role classes start in
 dependency order over ``FluidTransport``s (``testbed.pdd.run.cluster``),
 the client replays the warm-up and then the workload, the faults'
-timed actions run at their offsets from the workload's start, ``links.csv``
+timed actions run at their offsets from the workload's start (a fault on a
+protocol event at the event's time plus its delay: the roles' events go to
+``_EventSink``, not a file), ``links.csv``
 gets a row per channel every ``SAMPLE_EVERY_S`` of simulated time, and at
 the end the roles stop and every token is verified as on the emulator.
 ``metadata.json`` says ``clock: virtual``; the report reads the run
@@ -38,17 +40,17 @@ from testbed.net.events import EventLog
 from testbed.net.plan import select_channels
 from testbed.scenario.cluster_config import cluster_dict_for, workload_lines
 from testbed.scenario.sampler import HEADER as LINKS_HEADER, SAMPLE_EVERY_S
+from testbed.scenario.triggers import TriggeredFaults
 from testbed.spec.faultkinds import kind
 from testbed.spec.topology import Topology
 from testbed.types import FaultEvent
 
 # the fault kinds the network model carries, and why the others are refused
-SUPPORTED_FAULTS = ("bandwidth", "bandwidth_schedule", "rtt", "congestion", "kill", "restart")
+SUPPORTED_FAULTS = ("bandwidth", "bandwidth_schedule", "rtt", "congestion", "kill", "restart",
+                    "link_flap")
 REFUSED_FAULTS = {
     "loss": "loss and the retransmissions and timeouts it costs TCP are not modeled",
     "duplicate": "duplicated segments (and the sender's reaction) are not modeled",
-    "link_flap": "a link that goes down (TCP's retransmission timeouts across it) is not "
-                 "modeled",
 }
 
 
@@ -71,10 +73,7 @@ def unsupported(sc) -> list[str]:
             out.append(f"{where}.jitter_distribution: {spec.jitter_distribution!r}; only "
                        "'uniform' and 'normal' are modeled")
     for f in sc.faults:
-        if f.trigger is not None:
-            out.append(f"faults[{f.index}].trigger: {f.trigger.event!r}; faults on protocol "
-                       "events are not wired to the virtual clock yet")
-        elif f.kind in REFUSED_FAULTS:
+        if f.kind in REFUSED_FAULTS:
             out.append(f"faults[{f.index}].kind: {f.kind!r}; {REFUSED_FAULTS[f.kind]}")
         elif f.kind not in SUPPORTED_FAULTS:
             out.append(f"faults[{f.index}].kind: {f.kind!r}; not modeled")
@@ -133,8 +132,10 @@ class VirtualOps:
     in-process cluster (``ClusterHandles``); link changes go to events.jsonl as the
     emulator's do (nominal and emulated values)."""
 
-    def __init__(self, net, handles, events: EventLog, scale: float, link: str):
+    def __init__(self, net, handles, events: EventLog, scale: float, link: str,
+                 on_start=None):
         self.net, self.handles, self.events, self.scale = net, handles, events, scale
+        self.on_start = on_start  # called with each restarted role (its events sink)
         self._orig = {c.id: {"rate_gbit": c.rate_gbit * scale, "delay_ms": c.delay_s * 1e3,
                              "jitter_ms": c.jitter_s * 1e3}
                       for c in select_channels(net.channels.values(), link)}
@@ -157,11 +158,18 @@ class VirtualOps:
         for cid, values in self._orig.items():
             self.set_link(cid, **{k: values[k] for k in fields})
 
+    def _link_state(self, link: str, up: bool) -> None:
+        for c in select_channels(self.net.channels.values(), link):
+            c.set(clock.now(), up=up)
+        self.events.record("link_up" if up else "link_down", link=link,
+                           ports=[c.id for c in select_channels(self.net.channels.values(),
+                                                                link)])
+
     def link_down(self, link: str):
-        raise EmulationError("virtual clock: link_down is not modeled")
+        self._link_state(link, False)
 
     def link_up(self, link: str):
-        raise EmulationError("virtual clock: link_up is not modeled")
+        self._link_state(link, True)
 
     def cross_traffic(self, flows: int, direction: str):
         return _CrossFlows(self, self.net.channels[f"wan/{direction}"], flows, direction)
@@ -194,8 +202,38 @@ class VirtualOps:
 
         async def up():
             await self.handles.restart(name)
+            if self.on_start is not None:
+                self.on_start(self.handles.roles[name])
             self.events.record("process_restart", role=role, name=name)
         self._spawn(up())
+
+
+class _EventSink:
+    """The roles' protocol events (``RoleServer.protocol_event``), in memory: each role's
+    ``events_out`` writes here instead of to a file, and every flushed event is handed
+    to the triggered faults at once (``on_event``), so a fault on an event lands at the
+    event's simulated time plus its delay. ``read`` is ``EventTail``'s interface."""
+
+    def __init__(self) -> None:
+        self._lines: list[str] = []
+        self._events: list[dict] = []
+        self.on_event = None
+
+    def attach(self, node) -> None:
+        node.events_out = self
+
+    def write(self, text: str) -> None:
+        self._lines.append(text)
+
+    def flush(self) -> None:
+        lines, self._lines = "".join(self._lines).splitlines(), []
+        self._events += [json.loads(x) for x in lines if x.strip()]
+        if self.on_event is not None:
+            self.on_event()
+
+    def read(self) -> list[dict]:
+        out, self._events = self._events, []
+        return sorted(out, key=lambda ev: ev["t"])
 
 
 class _VirtualLinks:
@@ -247,6 +285,9 @@ async def _run_mode(sc, mode, workload, mode_dir: Path, scale: float, seed: int)
     links = _VirtualLinks(net, mode_dir / "links.csv", scale)
     client_inst = cfg.of_role(_client_role())[0]
     handles = await start_cluster(cfg, lambda inst: net.host(inst.host))
+    sink = _EventSink()
+    for node in handles.roles.values():
+        sink.attach(node)
     sampler = asyncio.get_running_loop().create_task(links.run())
     timers: list[asyncio.TimerHandle] = []
     try:
@@ -272,12 +313,18 @@ async def _run_mode(sc, mode, workload, mode_dir: Path, scale: float, seed: int)
             pending[id(action)] = action
             timers.append(loop.call_at(t0 + action.at_s, fire))
 
+        def actions(fault):
+            ops = VirtualOps(net, handles, events, scale, fault.link, on_start=sink.attach)
+            return [_logged(events, fault, a) if a.starts is not None or a.ends is not None
+                    else a for a in kind(fault.kind).actions(fault, ops)]
+
         for fault in sc.faults:
-            ops = VirtualOps(net, handles, events, scale, fault.link)
-            for a in kind(fault.kind).actions(fault, ops):
-                if a.starts is not None or a.ends is not None:
-                    a = _logged(events, fault, a)
-                schedule(a)
+            if fault.trigger is None:
+                for a in actions(fault):
+                    schedule(a)
+        triggered = TriggeredFaults([(f, actions(f)) for f in sc.faults if f.trigger is not None],
+                                    sink, events)
+        sink.on_event = lambda: [schedule(a) for a in triggered.poll(t0)]
         events.record("workload_start", n_requests=len(measured))
         client = Client(cfg, net.host(client_inst.host), client_inst.name)
         deadline_s = run_deadline_s(sc, mode, workload.stats.span_s)
@@ -287,6 +334,7 @@ async def _run_mode(sc, mode, workload, mode_dir: Path, scale: float, seed: int)
         except asyncio.TimeoutError:
             timed_out, records = True, []
         links.sample()
+        triggered.untriggered()
         events.record("workload_end", client_exit=None if timed_out else 0, timed_out=timed_out)
         for h in timers:
             h.cancel()

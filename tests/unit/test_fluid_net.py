@@ -215,3 +215,30 @@ def test_frames_travel_as_objects_with_their_size_and_dicts_are_copied():
     assert t1 == pytest.approx(0.010 + size / RATE + 0.010, rel=1e-6)
     assert rx1 == size and sent >= size
     assert got2 == report and got2.message.data is not report.message.data  # a copy
+
+
+def test_a_link_down_holds_a_connection_that_lost_bytes_until_its_backed_off_rto():
+    net, ch = _net()
+
+    async def flap():
+        await asyncio.sleep(0.05)
+        ch.set(clock.now(), up=False)
+        await asyncio.sleep(3.0)
+        ch.set(clock.now(), up=True)
+
+    async def main():
+        asyncio.ensure_future(flap())
+        lost, idle = net.pipe("p", "md"), net.pipe("q", "md")
+        lost.put(b"x" * (100 * KB))
+        # q writes after the link is back: nothing of it was lost
+        asyncio.ensure_future(_send_at(idle, 3.5, b"y" * (10 * KB)))
+        a, b = await asyncio.gather(_arrivals(lost, 100 * KB), _arrivals(idle, 10 * KB))
+        return a[-1][0], b[-1][0]
+
+    t_lost, t_idle = run_virtual(main())
+    rto = 0.010 + 0.2  # the path's RTT (10 ms there, nothing back) + the minimum RTO
+    resume = 0.05 + rto * (2 ** 4 - 1)  # 0.26, 0.68, 1.52 < 3.05 (up); 3.2 is the first after
+    assert resume > 3.05
+    left = 100 * KB - 0.05 * RATE
+    assert t_lost == pytest.approx(resume + left / RATE + 0.010, rel=1e-6)
+    assert t_idle == pytest.approx(3.5 + 10 * KB / RATE + 0.010, rel=1e-6)

@@ -105,8 +105,7 @@ def test_faults_act_on_the_virtual_clock(tmp_path):
 
 
 @pytest.mark.parametrize("name, field", [("loss.yaml", "faults[0].kind: 'loss'"),
-                                         ("link-flap.yaml", "faults[0].kind: 'link_flap'"),
-                                         ("event-faults.yaml", "faults[0].trigger")])
+                                         ("duplicate.yaml", "faults[0].kind: 'duplicate'")])
 def test_what_the_model_does_not_cover_is_refused_by_name(name, field, tmp_path, capsys):
     problems = unsupported(load_scenario(ROOT / "scenarios" / name))
     assert any(p.startswith(field) for p in problems), problems
@@ -131,7 +130,27 @@ def test_the_shipped_scenarios_the_model_covers():
     covered = [p.name for p in sorted((ROOT / "scenarios").glob("*.yaml"))
                if not unsupported(load_scenario(p))]
     assert "quickstart.yaml" in covered and "mooncake-fleet.yaml" in covered
-    assert "loss.yaml" not in covered
+    assert "link-flap.yaml" in covered and "event-faults.yaml" in covered
+    assert "loss.yaml" not in covered and "duplicate.yaml" not in covered
+
+
+def test_faults_on_protocol_events_fire_at_the_events_simulated_time(tmp_path):
+    assert _run(ROOT / "scenarios" / "event-faults.yaml", tmp_path / "e") in (0, 1)
+    events = [json.loads(x) for x in
+              (tmp_path / "e" / "pdd" / "events.jsonl").read_text().splitlines()]
+    fired = [e for e in events if e["kind"] == "fault_trigger"]
+    assert fired and not [e for e in events if e["kind"] == "fault_untriggered"]
+    start = next(e["t_mono"] for e in events if e["kind"] == "workload_start")
+    for f in fired:  # the fault starts at its event's time plus its delay, exactly
+        begun = next(e for e in events if e["kind"] == "fault_start"
+                     and e.get("fault") == f["fault"])
+        assert begun["t_mono"] - start == pytest.approx(f["at_s"], abs=2e-6)
+    kinds = {e["kind"] for e in events}
+    assert {"link_down", "link_up", "process_kill", "process_restart"} <= kinds
+    records = [json.loads(x) for x in
+               (tmp_path / "e" / "pdd" / "requests.jsonl").read_text().splitlines()]
+    assert all(r["status"] == "completed" or r["reason"] for r in records)
+    assert all(r["tokens_duplicated"] == 0 for r in records)
 
 
 def _summary(ttft: float, verdict: str = "faithful", passed: bool = True) -> dict:

@@ -41,14 +41,19 @@ channels: a host's up and down link, the WAN's a>b and b>a):
   (the WAN for every cross-DC path of the shipped topologies, the
   receiver's down link inside a DC); the others add their delay only.
 - **Rate changes and link state** act at once: a bandwidth schedule sets
-  the rate; a channel that is down carries nothing until it is up again.
+  the rate; a channel that is down carries nothing until it is up again,
+  and then each connection that lost bytes to it (it had some queued, or
+  wrote while the link was down) waits for its next retransmission
+  timeout: RTO = its RTT + 200 ms, backed off 1, 2, 4... x from its first
+  loss (RFC 6298, Linux's minimum RTO), so a 3 s outage costs a connection
+  that lost bytes at its start up to 1.5 s more.
 
 What it leaves out, so a scenario that needs it is refused before the run
 (``testbed.scenario.virtual.unsupported``): loss and the retransmissions
-and timeouts it costs, duplication and reordering, a link that goes down
-(a TCP flow's retransmission timeouts across it), and slow start (the
-emulated hosts keep ``tcp_slow_start_after_idle`` off and reuse their
-connections, so only a connection's first window would ramp).
+and timeouts it costs, duplication and reordering. Left out without a
+refusal: slow start (the emulated hosts keep
+``tcp_slow_start_after_idle`` off and reuse their connections, so only a
+connection's first window would ramp) and the bottleneck's standing queue.
 
 Example::
 
@@ -111,6 +116,8 @@ class FluidChannel:
         self.cross_bytes = 0.0
         self.frames = 0
         self._flows: dict[_FluidPipe, deque[list]] = {}  # insertion order: deterministic
+        self._held: dict[_FluidPipe, deque[list]] = {}  # waiting for a retransmission timeout
+        self._lost_at: dict[_FluidPipe, float] = {}  # first send lost while the link was down
         self._last = 0.0
         self._timer: asyncio.TimerHandle | None = None
 
@@ -157,6 +164,12 @@ class FluidChannel:
             self.delay_s = delay_ms / 1e3
         if jitter_ms is not None:
             self.jitter_s = jitter_ms / 1e3
+        if up is False and self.up:
+            for pipe in self._flows:  # their bytes in the air are lost: each waits for RTO
+                self._lost_at.setdefault(pipe, now)
+        if up is True and not self.up:
+            self.up = True
+            self._after_outage(now)
         if up is not None:
             self.up = up
         if bulk_flows is not None:
@@ -167,7 +180,41 @@ class FluidChannel:
         """Queue ``size`` bytes of ``pipe``'s stream; ``payload`` is handed to the pipe
         when they are through (bytes, a frame, or None for a segment of one)."""
         self._advance(now)
-        self._flows.setdefault(pipe, deque()).append([float(size), payload, size])
+        item = [float(size), payload, size]
+        if pipe in self._held:
+            self._held[pipe].append(item)
+            return
+        if not self.up:
+            self._lost_at.setdefault(pipe, now)  # sent into a dead link: lost
+        self._flows.setdefault(pipe, deque()).append(item)
+        self._reschedule(now)
+
+    # -- a link that was down ------------------------------------------------
+    def _after_outage(self, now: float) -> None:
+        """The link is up again: each connection whose bytes were lost while it was down
+        sends again at its next retransmission timeout, RFC 6298's backoff from its
+        first loss: RTO, then 2, 4, 8... x RTO later (RTO = its path's RTT + Linux's 200
+        ms minimum); one with nothing lost sends at once."""
+        loop = asyncio.get_running_loop()
+        for pipe, t_lost in sorted(self._lost_at.items(), key=lambda kv: kv[1]):
+            rto = pipe.rto_s()
+            resume, k = t_lost + rto, 1
+            while resume < now:
+                k += 1
+                resume = t_lost + rto * (2 ** k - 1)
+            queue = self._flows.pop(pipe, None)
+            if queue is None:
+                continue
+            self._held[pipe] = queue
+            loop.call_at(resume, self._release, pipe)
+        self._lost_at.clear()
+
+    def _release(self, pipe: "_FluidPipe") -> None:
+        now = asyncio.get_running_loop().time()
+        self._advance(now)
+        queue = self._held.pop(pipe, None)
+        if queue:
+            self._flows[pipe] = queue
         self._reschedule(now)
 
     # -- the fluid server ---------------------------------------------------
@@ -246,6 +293,11 @@ class _FluidPipe(_Pipe):
         self._room = asyncio.Event()
         self._flight: deque[tuple[float, bytes]] = deque()
         self._timer: asyncio.TimerHandle | None = None
+
+    def rto_s(self) -> float:
+        """The retransmission timeout of this connection: its path's RTT + 200 ms (Linux's
+        minimum RTO, TCP_RTO_MIN, added to the smoothed RTT on a steady path)."""
+        return self._rtt_s + 0.2
 
     def sndbuf_bytes(self) -> float:
         b = self._bottleneck
