@@ -86,9 +86,14 @@ def compare_scenario(emulated: Sequence[Mapping], virtual: Sequence[Mapping]) ->
 
 
 def crossval(pairs: Mapping[str, tuple[Sequence[Mapping], Sequence[Mapping]]],
-             refused: Mapping[str, str] | None = None) -> dict:
-    """Every scenario's comparison and the suite's MAPE per metric (faithful scenarios)."""
+             refused: Mapping[str, str] | None = None,
+             sources: Mapping[str, Sequence[str]] | None = None) -> dict:
+    """Every scenario's comparison and the suite's MAPE per metric (faithful scenarios);
+    ``sources``: per scenario, where its emulated runs came from (shown in the table)."""
     scenarios = {name: compare_scenario(emu, virt) for name, (emu, virt) in pairs.items()}
+    for name, src in (sources or {}).items():
+        if name in scenarios:
+            scenarios[name]["sources"] = list(src)
     errors: dict[str, list[float]] = {m: [] for m in METRICS}
     for sc in scenarios.values():
         if not sc["faithful"]:
@@ -129,7 +134,10 @@ def crossval_markdown(table: Mapping) -> str:
     for name, sc in table["scenarios"].items():
         fid = ", ".join(str(f) for f in sc["fidelity"])
         out += [f"## {name}", "", f"{sc['runs']} emulated runs ({fid}); "
-                f"{sc['virtual_runs']} virtual.", "",
+                f"{sc['virtual_runs']} virtual."]
+        if sc.get("sources"):
+            out.append("Emulated runs: " + "; ".join(f"`{x}`" for x in sc["sources"]) + ".")
+        out += ["",
                 "| mode | metric | emulated median [min, max] | virtual median [min, max] | "
                 "error |", "|---|---|---|---|---:|"]
         for mode, rows in sc["modes"].items():

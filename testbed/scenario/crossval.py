@@ -49,6 +49,13 @@ def find_runs(roots: Sequence[Path], scenario: str, seed: int) -> list[Path]:
     return found
 
 
+def _revision(run_dir: Path) -> str:
+    try:
+        return str(json.loads((run_dir / "metadata.json").read_text()).get("git_revision"))[:12]
+    except (OSError, ValueError):
+        return "?"
+
+
 def run_crossval(paths: Sequence[str], out: Path, opts, emulated_runs: int = 0,
                  emulated_from: Sequence[Path] = (), virtual_runs: int = 3) -> dict:
     """See the module docstring; ``opts`` is the runner's RunOptions (its out_dir and
@@ -57,7 +64,7 @@ def run_crossval(paths: Sequence[str], out: Path, opts, emulated_runs: int = 0,
     from testbed.scenario.runner import run_scenario
     from testbed.scenario.suite import collect_paths, load_all
 
-    pairs, refused, missing = {}, {}, []
+    pairs, refused, missing, sources = {}, {}, [], {}
     for sc in load_all(collect_paths(list(paths))):
         if problems := unsupported(sc):
             refused[sc.name] = "; ".join(problems)
@@ -79,9 +86,10 @@ def run_crossval(paths: Sequence[str], out: Path, opts, emulated_runs: int = 0,
             continue
         pairs[sc.name] = ([json.loads((d / "summary.json").read_text()) for d in edirs],
                           [json.loads((d / "summary.json").read_text()) for d in vdirs])
+        sources[sc.name] = [f"{d} (git {_revision(d)})" for d in edirs]
         print(f"crossval: {sc.name}: {len(edirs)} emulated run(s): "
               + ", ".join(str(d) for d in edirs), file=sys.stderr)
-    table = crossval(pairs, refused)
+    table = crossval(pairs, refused, sources)
     table["no_emulated_runs"] = missing
     out.mkdir(parents=True, exist_ok=True)
     (out / "crossval.json").write_text(json.dumps(table, indent=1) + "\n")
