@@ -265,7 +265,7 @@ class _VirtualLinks:
 async def _run_mode(sc, mode, workload, mode_dir: Path, scale: float, seed: int) -> None:
     from testbed.pdd.roles.client import Client, load_requests, warmup_problems, write_records
     from testbed.pdd.run.cluster import start_cluster
-    from testbed.pdd.run.config import load_config
+    from testbed.pdd.run.config import frame_limit, load_config
     from testbed.scenario.runner import run_deadline_s
 
     cfg_dict = cluster_dict_for(sc.topology, scale, mode, {}, address=lambda h: h.name)
@@ -279,6 +279,7 @@ async def _run_mode(sc, mode, workload, mode_dir: Path, scale: float, seed: int)
     warm = [r for r in requests if r.warmup]
     measured = [r for r in requests if not r.warmup]
     net = network_for(sc.topology, scale, seed)
+    net.max_frame_bytes = frame_limit(cfg)  # as a role process sets its TCP transport's
     events = EventLog(mode_dir / "events.jsonl")
     events.record("virtual_clock", model="fluid processor sharing, one bottleneck per path",
                   channels=len(net.channels))

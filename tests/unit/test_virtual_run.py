@@ -188,3 +188,19 @@ def test_crossval_verdicts_disagree_or_have_no_reference():
     none = crossval({"a": ([_summary(1.0), _summary(1.0, passed=False)], [_summary(1.0)])})
     assert none["scenarios"]["a"]["expectations"]["tail"]["agree"] is None
     assert none["verdicts_compared"] == 0
+
+
+def test_at_k_1_kv_bytes_are_counted_not_held(tmp_path):
+    """At k = 1 a KV_CHUNK of 64 tokens x 32 x 50 KB is 102 MB: above the default frame
+    limit (the run uses the roles' own, as a role process does) and never materialised."""
+    import resource
+
+    sc = _scenario(tmp_path)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    assert _run(sc, tmp_path / "k1", "--scale", "1") == 0
+    summary = json.loads((tmp_path / "k1" / "summary.json").read_text())
+    assert summary["scale"] == 1 and summary["modes"]["cross-dc-pd"]["requests_failed"] == 0
+    wan = summary["modes"]["cross-dc-pd"]["wan_bytes"]
+    assert wan > 1e9  # 8 prompts of 256-768 tokens x 32 x 50 KB each, less what MD held
+    grown_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    assert grown_kb < wan / 1024 / 4  # far less than the bytes moved
