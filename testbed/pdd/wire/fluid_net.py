@@ -72,8 +72,8 @@ from collections import deque
 from collections.abc import Sequence
 
 from testbed.pdd.wire.fake_transport import FakeNetwork, FakeTransport, _Pipe
-from testbed.pdd.wire.messages import KvChunk
-from testbed.pdd.wire.protocol import Frame, FrameDecoder, encode_frame_parts
+from testbed.pdd.wire.messages import KvChunk, Tokens, _Fixed
+from testbed.pdd.wire.protocol import HEADER_SIZE, Frame, FrameDecoder, encode_frame_parts
 from testbed.pdd.wire.transport import Connection, ConnectionClosed
 
 _EPS_BYTES = 1e-6
@@ -383,7 +383,8 @@ class FluidConnection(Connection):
     their encoded size (counted, never materialised: a KV_CHUNK's filler is a number),
     so a virtual run at k = 1 moves gigabytes of KV without holding them.
 
-    A frame is encoded to learn its size (and to check it against the frame limit);
+    A frame is encoded to learn its size (and to check it against the frame limit),
+    except TOKENS and the fixed-layout messages, whose size is their layout's;
     the receiver gets the object itself, except a frame whose message holds a dict
     (HELLO, REQUEST, REPORT, BIND), which is decoded from its bytes so the two ends
     never share a mutable field. ``bytes_received`` grows with each segment as it
@@ -401,9 +402,14 @@ class FluidConnection(Connection):
     async def send(self, frame: Frame) -> None:
         if self._closed:
             raise ConnectionClosed(f"connection to {self.peer} is closed")
-        parts, filler = encode_frame_parts(frame, self.max_frame_bytes)
-        size = sum(len(p) for p in parts) + filler
         msg = frame.message
+        if isinstance(msg, Tokens):  # the most frequent frames: their size without encoding
+            size = HEADER_SIZE + Tokens.LAYOUT.size + 4 * len(msg.token_ids)
+        elif isinstance(msg, _Fixed):
+            size = HEADER_SIZE + msg.LAYOUT.size
+        else:
+            parts, filler = encode_frame_parts(frame, self.max_frame_bytes)
+            size = sum(len(p) for p in parts) + filler
         if type(msg).__name__ in self._COPIED:
             frame = FrameDecoder(self.max_frame_bytes).feed(b"".join(parts))[0]
         elif isinstance(msg, KvChunk) and not isinstance(msg.data, bytes):
