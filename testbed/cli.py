@@ -251,6 +251,14 @@ def cmd_suite(args) -> int:
                                         suite_overview)
 
     scenarios, skipped = select(load_all(collect_paths(args.paths)), args.only, args.skip)
+    if getattr(args, "clock", None) == "virtual":  # what it cannot model is left out, said why
+        from testbed.scenario.virtual import unsupported
+
+        for sc in [sc for sc in scenarios if unsupported(sc)]:
+            print(f"testbed suite: {sc.name} left out: the virtual clock refuses it: "
+                  + "; ".join(unsupported(sc)), file=sys.stderr)
+            skipped = [*skipped, sc.name]
+        scenarios = [sc for sc in scenarios if not unsupported(sc)]
     out = Path(args.out) if args.out else Path("runs") / f"suite-{time.strftime('%Y%m%d-%H%M%S')}"
     with out_dir_lock(out, "testbed suite"):
         suite = run_suite(scenarios, _run_options(args, out), runner.run_scenario,

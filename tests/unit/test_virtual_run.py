@@ -204,3 +204,18 @@ def test_at_k_1_kv_bytes_are_counted_not_held(tmp_path):
     assert wan > 1e9  # 8 prompts of 256-768 tokens x 32 x 50 KB each, less what MD held
     grown_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
     assert grown_kb < wan / 1024 / 4  # far less than the bytes moved
+
+
+def test_a_virtual_suite_leaves_out_what_it_refuses_and_says_why(tmp_path, capsys):
+    scenarios = tmp_path / "sc"
+    scenarios.mkdir()
+    _scenario(scenarios, name="small.yaml")
+    lossy = (ROOT / "scenarios" / "loss.yaml").read_text().replace(
+        "../topologies/two-dc.yaml", str(ROOT / "topologies" / "two-dc.yaml"))
+    (scenarios / "loss.yaml").write_text(lossy)
+    code = cli.main(["suite", str(scenarios), "--clock", "virtual", "--out", str(tmp_path / "s")])
+    err = capsys.readouterr().err
+    assert "loss left out: the virtual clock refuses it: faults[0].kind: 'loss'" in err
+    suite = json.loads((tmp_path / "s" / "suite.json").read_text())
+    assert suite["skipped"] == ["loss"] and code == 0
+    assert (tmp_path / "s" / "small-virtual" / "summary.json").is_file()
