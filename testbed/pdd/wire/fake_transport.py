@@ -183,6 +183,8 @@ class FakeTransport(Transport):
     Example: ``conn = await net.host("p").connect("md", 7000)``.
     """
 
+    CONNECTION: type = FakeConnection  # what connect makes (a subclass may carry frames)
+
     def __init__(self, network: FakeNetwork, name: str):
         self.network, self.name = network, name
 
@@ -205,9 +207,10 @@ class FakeTransport(Transport):
         handshake_s, to_server, to_client = self._pipes(host)
         await asyncio.sleep(handshake_s)
         listener = net.listener_at((host, port))
-        client = FakeConnection(f"{host}:{port}", to_client, to_server, net.max_frame_bytes)
-        server = FakeConnection(f"{self.name}:{net.next_port()}", to_server, to_client,
-                                net.max_frame_bytes)
+        conn = self.CONNECTION
+        client = conn(f"{host}:{port}", to_client, to_server, net.max_frame_bytes)
+        server = conn(f"{self.name}:{net.next_port()}", to_server, to_client,
+                      net.max_frame_bytes)
         client._peer_conn, server._peer_conn = server, client
         listener.accept(server)
         return client

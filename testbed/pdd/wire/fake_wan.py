@@ -44,6 +44,14 @@ from testbed.pdd.wire.fake_transport import FakeNetwork, FakeTransport, _Pipe
 EMULATED_DISTRIBUTIONS = ("uniform", "normal")  # of testbed.impairment.JITTER_DISTRIBUTIONS
 
 
+def jitter_draw(rng: random.Random, jitter_s: float, normal: bool) -> float:
+    """One delay variation: a gauss draw of sigma ``jitter_s`` (``normal``), else uniform
+    in +-``jitter_s``; 0 without jitter (and no draw)."""
+    if not jitter_s:
+        return 0.0
+    return rng.gauss(0.0, jitter_s) if normal else rng.uniform(-jitter_s, jitter_s)
+
+
 def check_emulable(spec: LinkSpec) -> None:
     """Raise ValueError, naming the field and its value, if the fake WAN cannot
     emulate ``spec`` on a reliable in-order byte stream."""
@@ -81,11 +89,7 @@ class _LinkState:
         self.bytes_sent = 0
 
     def jitter(self) -> float:
-        if not self.jitter_s:
-            return 0.0
-        if self.normal:
-            return self.rng.gauss(0.0, self.jitter_s)
-        return self.rng.uniform(-self.jitter_s, self.jitter_s)
+        return jitter_draw(self.rng, self.jitter_s, self.normal)
 
 
 class _ShapedPipe(_Pipe):

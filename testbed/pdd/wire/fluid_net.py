@@ -72,6 +72,7 @@ from collections import deque
 from collections.abc import Sequence
 
 from testbed.pdd.wire.fake_transport import FakeNetwork, FakeTransport, _Pipe
+from testbed.pdd.wire.fake_wan import jitter_draw
 from testbed.pdd.wire.messages import KvChunk, Tokens, _Fixed
 from testbed.pdd.wire.protocol import HEADER_SIZE, Frame, FrameDecoder, encode_frame_parts
 from testbed.pdd.wire.transport import Connection, ConnectionClosed
@@ -145,11 +146,7 @@ class FluidChannel:
         return int(sum(sum(item[0] for item in q) for q in self._flows.values()))  # unserved
 
     def jitter(self) -> float:
-        if not self.jitter_s:
-            return 0.0
-        if self.normal:
-            return self.rng.gauss(0.0, self.jitter_s)
-        return self.rng.uniform(-self.jitter_s, self.jitter_s)
+        return jitter_draw(self.rng, self.jitter_s, self.normal)
 
     # -- changes ------------------------------------------------------------
     def set(self, now: float, rate_gbit: float | None = None, delay_ms: float | None = None,
@@ -496,15 +493,9 @@ class FluidTransport(FakeTransport):
 
     network: FluidNetwork
 
-    async def connect(self, host: str, port: int) -> Connection:
+    CONNECTION = FluidConnection
+
+    def _pipes(self, host: str) -> tuple[float, object, object]:
         net = self.network
-        net.listener_at((host, port))  # refuse at once, as TCP does
-        await asyncio.sleep(net.one_way_s(self.name, host) + net.one_way_s(host, self.name))
-        listener = net.listener_at((host, port))
-        to_server, to_client = net.pipe(self.name, host), net.pipe(host, self.name)
-        client = FluidConnection(f"{host}:{port}", to_client, to_server, net.max_frame_bytes)
-        server = FluidConnection(f"{self.name}:{net.next_port()}", to_server, to_client,
-                                 net.max_frame_bytes)
-        client._peer_conn, server._peer_conn = server, client
-        listener.accept(server)
-        return client
+        rtt = net.one_way_s(self.name, host) + net.one_way_s(host, self.name)
+        return rtt, net.pipe(self.name, host), net.pipe(host, self.name)
