@@ -18,8 +18,8 @@ from testbed.report.plots import DEFAULT_HIT_BINS_PCT
 from testbed.report.rundir import ReportError, load_run
 
 CANNED = Path(__file__).parent / "fixtures" / "run-canned"
-TOP_KEYS = ["scenario", "backend", "scale", "modes", "comparisons", "paired", "expectations",
-            "passed", "failures", "fidelity", "resources"]
+TOP_KEYS = ["scenario", "backend", "clock", "scale", "modes", "comparisons", "paired",
+            "expectations", "passed", "failures", "fidelity", "resources"]
 MODE_KEYS = ["requests_total", "requests_completed", "requests_failed", "tokens_lost",
              "tokens_duplicated", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "ttft_mean_s", "ttft_high_hit_p50_s",
              "tpot_p50_ms", "e2e_p99_s", "goodput_rps", "handoff_stall_p99_ms", "relay_overhead_p50_ms",
@@ -80,6 +80,7 @@ def test_summary_json_matches_the_contract_keys_exactly(built):
     assert s["comparisons"] and all(list(c) == COMPARISON_KEYS for c in s["comparisons"])
     assert all(list(e) == ["name", "passed", "value", "bound"] for e in s["expectations"])
     assert (s["scenario"], s["backend"], s["scale"]) == ("canned-wan-fault", "userspace", 10.0)
+    assert s["clock"] == "emulated"  # a run directory without a clock is the emulator's
     assert s == summary
 
 
