@@ -43,9 +43,11 @@ from testbed.report.metrics import MODE_METRICS, PAIRED_METRICS, metric_value, r
 
 OPS: dict[str, Callable[[float, float], bool]] = {
     "==": operator.eq, "<=": operator.le, "<": operator.lt, ">=": operator.ge, ">": operator.gt}
-BOUND_KEYS = frozenset({"name", "mode", "metric", "op", "value", "description"})
+# judged_on: how the bound is judged over several seeds (testbed/report/seeds.py); one run
+# is judged on its value either way
+BOUND_KEYS = frozenset({"name", "mode", "metric", "op", "value", "description", "judged_on"})
 RATIO_KEYS = frozenset({"name", "mode", "metric", "baseline", "max_ratio", "min_ratio",
-                        "description"})
+                        "judged_on", "description"})
 
 
 class ExpectationError(TestbedError):

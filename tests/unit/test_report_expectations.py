@@ -117,3 +117,13 @@ def test_a_paired_metric_needs_its_pair_and_a_baseline():
     single = {k: v for k, v in PAIRED_EXP.items() if k not in ("baseline", "max_ratio")}
     with pytest.raises(ExpectationError, match="unknown metric 'paired_ttft_ratio_p50'"):
         evaluate([{**single, "op": "<=", "value": 1.1}], MODES)
+
+
+def test_an_expectation_judged_on_its_interval_is_one_runs_bound_all_the_same():
+    """``judged_on`` says how several seeds judge it (testbed/report/seeds.py); a run's
+    metadata carries it, and one run is judged on its value."""
+    ratio = {"name": "tail", "mode": "pdd", "metric": "ttft_p90_s", "baseline": "cross-dc-pd",
+             "max_ratio": 0.3, "judged_on": "interval"}
+    plain = dict(bound("<=", 1.0), judged_on="interval")
+    r1, r2 = evaluate([ratio, plain], MODES)
+    assert r1["passed"] and r1["value"] == 0.25 and r2["passed"]
