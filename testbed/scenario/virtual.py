@@ -332,8 +332,14 @@ async def _run_mode(sc, mode, workload, mode_dir: Path, scale: float, seed: int)
         timed_out = False
         try:
             records = await asyncio.wait_for(client.run(measured), deadline_s)
-        except asyncio.TimeoutError:
-            timed_out, records = True, []
+        except asyncio.TimeoutError:  # every request still ends, failed with the reason
+            timed_out = True
+            for trace in client.traces.values():
+                if not trace.terminal:
+                    trace.fail(f"the run's deadline passed ({deadline_s:g} s after the "
+                               "workload's start: its arrivals, drain_s and a request timeout)")
+            records = [t.record(cfg.mode.value, cfg.relay.handoff_mode.value)
+                       for t in client.traces.values()]
         links.sample()
         triggered.untriggered()
         events.record("workload_end", client_exit=None if timed_out else 0, timed_out=timed_out)

@@ -219,3 +219,15 @@ def test_a_virtual_suite_leaves_out_what_it_refuses_and_says_why(tmp_path, capsy
     suite = json.loads((tmp_path / "s" / "suite.json").read_text())
     assert suite["skipped"] == ["loss"] and code == 0
     assert (tmp_path / "s" / "small-virtual" / "summary.json").is_file()
+
+
+def test_a_run_past_its_deadline_ends_every_request_with_the_reason(tmp_path, monkeypatch):
+    from testbed.scenario import runner
+
+    monkeypatch.setattr(runner, "run_deadline_s", lambda sc, mode, span_s: 1.5)
+    assert _run(_scenario(tmp_path), tmp_path / "d") == 1
+    records = [json.loads(x) for x in
+               (tmp_path / "d" / "pdd" / "requests.jsonl").read_text().splitlines()]
+    assert len(records) == 8
+    late = [r for r in records if r["status"] != "completed"]
+    assert late and all("the run's deadline passed" in r["reason"] for r in late)
