@@ -266,6 +266,7 @@ async def _run_mode(sc, mode, workload, mode_dir: Path, scale: float, seed: int)
     from testbed.pdd.roles.client import Client, load_requests, warmup_problems, write_records
     from testbed.pdd.run.cluster import start_cluster
     from testbed.pdd.run.config import frame_limit, load_config
+    from testbed.pdd.wire.fields import Role
     from testbed.scenario.runner import run_deadline_s
 
     cfg_dict = cluster_dict_for(sc.topology, scale, mode, {}, address=lambda h: h.name)
@@ -284,7 +285,7 @@ async def _run_mode(sc, mode, workload, mode_dir: Path, scale: float, seed: int)
     events.record("virtual_clock", model="fluid processor sharing, one bottleneck per path",
                   channels=len(net.channels))
     links = _VirtualLinks(net, mode_dir / "links.csv", scale)
-    client_inst = cfg.of_role(_client_role())[0]
+    client_inst = cfg.of_role(Role.CLIENT)[0]
     handles = await start_cluster(cfg, lambda inst: net.host(inst.host))
     sink = _EventSink()
     for node in handles.roles.values():
@@ -354,11 +355,6 @@ async def _run_mode(sc, mode, workload, mode_dir: Path, scale: float, seed: int)
         links.close()
         await handles.stop()
         events.close()
-
-
-def _client_role():
-    from testbed.pdd.wire.fields import Role
-    return Role.CLIENT
 
 
 def _logged(events: EventLog, fault, action):
