@@ -57,7 +57,9 @@ def test_tcp_info_is_parsed_at_the_kernels_offsets():
 
 def test_a_real_socket_counts_the_segments_it_sent():
     """Loopback TCP: the kernel's counters as parse_tcp_info reads them. 5 MB in segments
-    of at most 64 KiB are at least 77 segments; nothing is lost on loopback."""
+    of at most 64 KiB are at least 77 segments. Loopback loses nothing, but a loaded machine
+    can make the sender's tail-loss probe or RTO fire spuriously (CI saw 2 of 91), so the
+    retransmissions are bounded, not zero: a parse at a wrong offset reads neither."""
     srv = socket.create_server(("127.0.0.1", 0))
     got = []
 
@@ -76,4 +78,6 @@ def test_a_real_socket_counts_the_segments_it_sent():
         c = parse_tcp_info(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, TCP_INFO_BYTES))
     srv.close()
     assert sum(got) == 5_000_000
-    assert c.segs_out >= 5_000_000 // 65536 and c.total_retrans == 0 and c.rto_s >= 0.2
+    assert c.segs_out >= 5_000_000 // 65536
+    assert 0 <= c.total_retrans <= c.segs_out // 10
+    assert 0.2 <= c.rto_s <= 120.0  # Linux's TCP_RTO_MIN and TCP_RTO_MAX
