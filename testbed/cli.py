@@ -361,7 +361,7 @@ def cmd_reproduce(args) -> int:
     from pathlib import Path
 
     from testbed.report.capacity import load_capacity_config
-    from testbed.report.reproduce import format_summary, reproduce
+    from testbed.report.reproduce import PAPER_SCALE, format_summary, reproduce
 
     run_fn = bench_fn = None
     if not args.from_runs:
@@ -381,15 +381,58 @@ def cmd_reproduce(args) -> int:
         def bench_fn(trials: int) -> dict:
             return run_handoff_bench(load_topology(DEFAULT_TOPOLOGY), _backend(args.backend),
                                      args.scale, trials)
+    virtual = getattr(args, "clock", None) == "virtual"
+    draws = args.seeds if args.seeds is not None else 10 if virtual else 1
+    if draws > 1 or (args.from_runs and any(Path(args.from_runs).glob("draw-*"))):
+        return _reproduce_draws(args, draws, virtual)
     with out_dir_lock(args.out, "testbed reproduce"):
         doc = reproduce(Path(args.out), args.quick, run_fn, bench_fn,
                         Path(args.from_runs) if args.from_runs else None,
                         load_capacity_config(args.capacity),
                         " ".join(["testbed"] + sys.argv[1:]),
-                        scale_sweep=args.scale_sweep, resume=args.resume)
+                        scale_sweep=args.scale_sweep, resume=args.resume,
+                        slots=PAPER_SCALE if virtual else None)
     print(format_summary(doc))
     print(f"table: {Path(args.out) / 'reproduction.md'}")
     return 1 if any(r.get("error") for r in (doc.get("runs") or {}).values()) else 0
+
+
+def _reproduce_draws(args, draws: int, virtual: bool) -> int:
+    """``reproduce --seeds N`` (the default on the virtual clock: 10): N draws of every
+    slot, each claim's figures with a 95% interval (testbed/report/reproduce_draws.py).
+    The virtual clock runs the paper-scale slots; the emulator, the full or quick set."""
+    from dataclasses import replace
+    from pathlib import Path
+
+    from testbed.report.capacity import load_capacity_config
+    from testbed.report.reproduce import FULL, PAPER_SCALE, QUICK
+    from testbed.report.reproduce_draws import reproduce_draws
+
+    if args.scale_sweep:
+        raise TestbedError("reproduce: --scale-sweep runs one draw; leave out --seeds")
+    slots = PAPER_SCALE if virtual else QUICK if args.quick else FULL
+    run_fn = None
+    if not args.from_runs:
+        from testbed.scenario.runner import run_scenario
+        from testbed.spec.scenario import load_scenario, with_seed
+
+        opts = _run_options(args, Path(args.out))
+
+        def run_fn(scenario: Path, out: Path, scale: float | None, offset: int) -> None:
+            sc = load_scenario(scenario)
+            seed = (sc.seed if args.seed is None else args.seed) + offset
+            run_scenario(with_seed(sc, seed), replace(
+                opts, out_dir=out, seed=seed, scale=opts.scale if scale is None else scale))
+    with out_dir_lock(args.out, "testbed reproduce --seeds"):
+        doc = reproduce_draws(Path(args.out), draws, run_fn, slots,
+                              load_capacity_config(args.capacity),
+                              " ".join(["testbed"] + sys.argv[1:]), resume=args.resume,
+                              from_runs=Path(args.from_runs) if args.from_runs else None)
+    for c in doc["claims"]:
+        counts = ", ".join(f"{v} {k}" for k, v in c["verdicts"].items())
+        print(f"{c['key']:>3} {c['verdict']:<22} ({counts}) {c['title']}")
+    print(f"table: {Path(args.out) / 'reproduction.md'}")
+    return 0
 
 
 def cmd_capacity(args) -> int:
@@ -763,6 +806,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "--out finished (its reproduction.json) and run the rest")
     p.add_argument("--scale-sweep", action="store_true", help="also run the headline comparison "
                    "at k = 10, 25, 50, 100 and two token_scale values (scale invariance table)")
+    p.add_argument("--seeds", type=int, default=None, metavar="N",
+                   help="N draws of every slot (its seed + 0..N-1), each claim's figures with a "
+                   "95%% interval (default 10 with --clock virtual, which runs the paper-scale "
+                   "fleet's slots; else 1)")
     _run_args(p, pcap_default=True)
     p.set_defaults(func=cmd_reproduce)
     p = sub.add_parser("capacity", help="capacity plan: PDD vs same-DC PD fleets, cost, BCR "

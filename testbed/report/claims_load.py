@@ -23,8 +23,9 @@ from testbed.report.rundir import ModeData, RunData
 HIT_BINS = ((0, 90), (90, 95), (95, 96), (96, 97), (97, 98), (98, 99), (99, 100))  # the paper's
 
 
-# The load sweeps, the fleet's first: a fleet on one line is the regime of claims 6-8
-LOAD_SLOTS = ["fleet-sweep", "goodput-load", "headline"]
+# The load sweeps, the fleets' first (the paper-scale one, on the virtual clock, before the
+# emulated one): a fleet on one line is the regime of claims 6-8
+LOAD_SLOTS = ["paper-sweep", "fleet-sweep", "goodput-load", "headline"]
 
 
 def _goodput(run: RunData, mode: ModeData) -> float | None:
@@ -155,7 +156,7 @@ def rld_peak_hold(mode: ModeData, token_scale: int) -> tuple[int, int, int | Non
 
 def claim_p_rld(runs, bench) -> Claim:
     key, title, pub = "8", "P->RLD alone overloads RLD", "collapses (qualitative)"
-    slots = ["fleet-sweep", "rld-overload", "headline"]
+    slots = ["paper-sweep", "fleet-sweep", "rld-overload", "headline"]
     slot, run, names = _pick(runs, slots, ["pdd", "p-rld"])
     if run is None:
         return _missing(key, title, pub, slots)
@@ -213,15 +214,17 @@ def bathtub_points(runs) -> tuple[list[tuple[float, float, int]], str, RunData |
     mode's workload aims at one bin, but its sessions' cold first turns have none of
     their prefix cached: binned per mode, every bin read 24% or 74-81% and +32-36%,
     the full run of 2026-12-02); without the slot, the headline's requests."""
-    run = runs.get("bathtub")
-    if run is not None:
+    for slot in ("paper-bathtub", "bathtub"):
+        run = runs.get(slot)
+        if run is None:
+            continue
         base = {n.split("-", 1)[1]: n for n in run.mode_names
                 if kind_of(run, n) == "cross-dc-pd" and "-" in n}
         pairs = [(n, base[n.split("-", 1)[1]]) for n in run.mode_names
                  if kind_of(run, n) == "pdd" and "-" in n and n.split("-", 1)[1] in base]
         pts = _binned(run, pairs)
         if pts:
-            return pts, "bathtub", run, pairs[0][0]
+            return pts, slot, run, pairs[0][0]
     slot, run, names = _pick(runs, ["headline"], ["pdd", "cross-dc-pd"])
     if run is None:
         return [], "", None, ""

@@ -40,9 +40,9 @@ from testbed.errors import TestbedError
 from testbed.report.capacity import CapacityConfig
 from testbed.report.claims import (NOT_HERE, Claim, claim_baseline_tail, claim_handoff_bench,
                                    claim_rld_share, claim_ttft, claim_wan_bytes)
-from testbed.report.claims_load import (bathtub_points, claim_bathtub, claim_bcr, claim_filter,
-                                        claim_goodput, claim_handoff_modes, claim_p_rld,
-                                        _load_points)
+from testbed.report.claims_load import (LOAD_SLOTS, bathtub_points, claim_bathtub, claim_bcr,
+                                        claim_filter, claim_goodput, claim_handoff_modes,
+                                        claim_p_rld, _load_points)
 from testbed.report.rundir import RunData, load_run
 from testbed.report.scale_sweep import (SWEEP_KS, SWEEP_SCENARIO, render_scale, scale_table,
                                         slot_name)
@@ -72,6 +72,12 @@ FULL = (
     # the fleet on one WAN line (claims 2 and 6-8 prefer these to the slots above)
     Slot("fleet", "scenarios/paper/fleet.yaml", "2"),
     Slot("fleet-sweep", "scenarios/paper/fleet-sweep.yaml", "6 7 8"),
+)
+# --clock virtual: the paper-scale fleet (19 instances, one 100 Gbit/s line, k = 1), which
+# two cores cannot run in real time; its claims take these slots before any other
+PAPER_SCALE = (
+    Slot("paper-sweep", "scenarios/paper/paper-scale-sweep.yaml", "2 6 7 8"),
+    Slot("paper-bathtub", "scenarios/paper/paper-scale-bathtub.yaml", "9"),
 )
 # --quick: 8 modes and 10 bench trials. A mode costs ~50 s of start-up, warm-up and
 # drain besides its workload (pdd-vs-baseline: 3 modes of 75 s of arrivals in ~7 min).
@@ -195,7 +201,7 @@ def build_table(run_dir: Path, capacity: CapacityConfig | None = None) -> dict:
             "bench": bench is not None, "counts": counts, "claims": claims,
             "bathtub": [list(p) for p in bathtub_points(runs)[0]],
             "goodput_load": {slot: _load_points(run) for slot, run in runs.items()
-                             if slot in ("fleet-sweep", "goodput-load", "headline")}}
+                             if slot in LOAD_SLOTS}}
 
 
 def _cond(c: Mapping) -> str:
@@ -221,8 +227,8 @@ def render_md(table: dict, meta: Mapping) -> str:
     def cell(s: object) -> str:
         return str(s).replace("|", "\\|").replace("\n", " ")
 
-    kind = "from existing runs" if meta.get("from_runs") else \
-        "quick" if meta.get("quick") else "full"
+    kind = "from existing runs" if meta.get("from_runs") else meta.get("set") or \
+        ("quick" if meta.get("quick") else "full")
     n_resumed = sum(1 for r in (meta.get("runs") or {}).values() if r.get("resumed"))
     resumed = (f", {n_resumed} slots kept from an earlier run (--resume); every slot's own "
                f"wall time summed: {meta.get('slots_wall_s')} s") if n_resumed else ""
@@ -283,7 +289,7 @@ def plot_bathtub(points: list, path: Path) -> None:
 def plot_goodput(points_by_slot: Mapping, path: Path) -> None:
     fig = Figure(figsize=(6, 3.5))
     ax = fig.add_subplot()
-    slot = next((s for s in ("fleet-sweep", "goodput-load") if s in points_by_slot), "headline")
+    slot = next((s for s in LOAD_SLOTS if s in points_by_slot), "headline")
     for kind, pts in (points_by_slot.get(slot) or {}).items():
         ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=kind)
     ax.set_xlabel("offered load (req/s, from arrivals)")
@@ -327,18 +333,21 @@ def plot_scale(rows: list, path: Path) -> None:
 def reproduce(out: Path, quick: bool, run_fn: RunFn | None, bench_fn: BenchFn | None,
               from_runs: Path | None = None, capacity: CapacityConfig | None = None,
               command: str = "testbed reproduce", scale_sweep: bool = False,
-              resume: bool = False) -> dict:
+              resume: bool = False, slots: tuple[Slot, ...] | None = None) -> dict:
     """Run (unless from_runs) and write the table into out; return it. ``resume``: keep
     the slots an earlier run into ``out`` finished (``finished_entries``) and run the
-    rest; ``slots_wall_s`` is then the sum of every slot's own wall time."""
+    rest; ``slots_wall_s`` is then the sum of every slot's own wall time. ``slots``:
+    another set than FULL / QUICK (PAPER_SCALE), named in the table."""
     started, t0 = time.strftime("%Y-%m-%dT%H:%M:%S%z"), time.monotonic()
     meta: dict = {"command": command, "quick": quick, "started_wall": started,
                   "from_runs": str(from_runs) if from_runs else None}
+    if slots is not None:
+        meta["set"] = "paper-scale" if slots == PAPER_SCALE else "custom"
     if from_runs is None:
         if run_fn is None:
             raise TestbedError("reproduce: nothing to run with and no --from-runs")
         kind = "quick" if quick else "full"
-        slots = (QUICK if quick else FULL) + (SWEEP if scale_sweep else ())
+        slots = slots or (QUICK if quick else FULL) + (SWEEP if scale_sweep else ())
         done = finished_entries(out, slots, BENCH_TRIALS[kind]) if resume else {}
         meta["runs"] = {}
         try:
