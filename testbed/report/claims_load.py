@@ -154,6 +154,13 @@ def rld_peak_hold(mode: ModeData, token_scale: int) -> tuple[int, int, int | Non
     return peak_n, peak_tokens, budget
 
 
+def _rld_kv_waits(mode: ModeData) -> list[float]:
+    """Each request's wait for RLD's KV memory, where it waited (RLD's report,
+    testbed/pdd/compute/decoder.py)."""
+    waits = ((r.get("reports") or {}).get("RLD", {}).get("kv_wait_s") for r in mode.requests)
+    return [w for w in waits if w]
+
+
 def claim_p_rld(runs, bench) -> Claim:
     key, title, pub = "8", "P->RLD alone overloads RLD", "collapses (qualitative)"
     slots = ["paper-sweep", "fleet-sweep", "rld-overload", "headline"]
@@ -168,9 +175,11 @@ def claim_p_rld(runs, bench) -> Claim:
         e2e = (_e2e_p99(mp), _e2e_p99(mr))
         failed = len(mr.requests) - len(completed(mr.requests))
         ratio = e2e[1] / e2e[0] if all(e2e) else None
+        waits = _rld_kv_waits(mr)
         rows.append({"load_rps": lr, "pdd_e2e_p99_s": e2e[0], "p_rld_e2e_p99_s": e2e[1],
                      "e2e_ratio": ratio, "p_rld_failed": failed, "pdd_goodput": gp,
-                     "p_rld_goodput": gr})
+                     "p_rld_goodput": gr, "p_rld_kv_waited": len(waits),
+                     "p_rld_kv_wait_max_s": max(waits, default=None)})
         if broke_at is None and ((ratio or 0) >= BREAK_E2E_RATIO or failed > 0):
             broke_at = lr
     fig = {"points": rows, "breaks_at_rps": broke_at}
@@ -180,6 +189,9 @@ def claim_p_rld(runs, bench) -> Claim:
                      conditions(run, names["pdd"]), fig)
     measured = "; ".join(f"{r['load_rps']:.2g} req/s: e2e p99 {_fmt(r['p_rld_e2e_p99_s'], ' s')}"
                          f" vs pdd {_fmt(r['pdd_e2e_p99_s'], ' s')}, {r['p_rld_failed']} failed"
+                         + (f", {r['p_rld_kv_waited']} waited for RLD's KV memory (at most "
+                            f"{_fmt(r['p_rld_kv_wait_max_s'], ' s')})"
+                            if r["p_rld_kv_waited"] else "")
                          for r in rows)
     if broke_at is not None:
         verdict, why = REPRODUCED, f"p-rld breaks at {broke_at:.2g} req/s (e2e p99 >= " \
@@ -197,8 +209,7 @@ def claim_p_rld(runs, bench) -> Claim:
             why += (f"; at that load p-rld's RLD held at most {n} sequences, "
                     f"{tokens / budget:.2f} of its modeled KV memory ({tokens / 1e6:.2f}M of "
                     f"{budget / 1e6:.2f}M tokens): the load that overloads it was not reached "
-                    f"(and the decode loop does not enforce that memory: past it a real RLD "
-                    f"would queue or preempt, this one only slows)")
+                    f"(past that memory RLD's decode loop queues the requests that do not fit)")
     note = "" if len(rows) > 1 else "one load point: no sweep"
     return Claim(key, title, pub, measured, verdict, why, conditions(run, names["p-rld"], note),
                  fig)

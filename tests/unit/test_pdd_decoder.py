@@ -126,3 +126,74 @@ def test_a_long_catch_up_extend_runs_in_chunks_and_an_urgent_one_cuts_in():
     assert dict(order)["big"] == 5  # 4 chunks + the urgent step in between
     assert big == argmax(model.prefill([3] * 20 + list(range(1, 101)))[0])
     assert small == argmax(model.prefill([4] * 20 + [5, 6])[0])
+
+
+def test_a_sequence_waits_for_kv_memory_and_starts_when_one_finishes():
+    """Capacity for two sequences' footprints: the third waits, first come first served,
+    and starts in the step after the first one's last token; its tokens are still the
+    greedy ones. On the virtual clock, so every time is exact."""
+    from testbed import clock
+    from testbed.pdd.run.vloop import run_virtual
+
+    model = warm_model(CFG)
+    cost = CostModel(GPU_A, token_scale=32)
+    starts: dict[int, float] = {}
+    got: dict[int, list[int]] = {1: [], 2: [], 3: []}
+
+    async def sink(emitted):
+        for e in emitted:
+            starts.setdefault(e.seq.rid, clock.now())
+            got[e.seq.rid].append(e.token_id)
+
+    async def main():
+        seqs = {1: _seq(model, 1, [5] * 10, 4), 2: _seq(model, 2, [6] * 10, 9),
+                3: _seq(model, 3, [7] * 10, 5)}
+        # footprint: 10 prompt tokens x 32 + max output
+        need = {rid: 320 + s.max_out for rid, s in seqs.items()}
+        loop = DecodeLoop(model, cost, AsyncPacer(time_scale=1.0), sink,
+                          kv_capacity_tokens=need[1] + need[2])
+        assert [loop.footprint(s) for s in seqs.values()] == list(need.values())
+        loop.start()
+        for s in seqs.values():
+            loop.join(s)
+        assert set(loop.active) == {1, 2} and set(loop.waiting) == {3} and loop.load == 3
+        assert loop.kv_held == need[1] + need[2] and loop.holds(3)
+        while loop.load:
+            await asyncio.sleep(0.001)
+        await loop.stop()
+        return loop, seqs
+
+    loop, seqs = run_virtual(main())
+    assert got == {1: model.greedy_generate([5] * 10, 4)[1:],
+                   2: model.greedy_generate([6] * 10, 9)[1:],
+                   3: model.greedy_generate([7] * 10, 5)[1:]}
+    # request 1's last token (position 3) ends step 3; request 3 decodes from step 4 on
+    assert seqs[3].kv_wait_s > 0 and seqs[1].kv_wait_s == seqs[2].kv_wait_s == 0
+    assert starts[3] > starts[1] and seqs[3].kv_wait_s < starts[3]
+    assert loop.max_waiting == 1 and loop.kv_held == 0 and not loop.waiting
+
+
+def test_a_waiting_sequence_can_leave_and_one_larger_than_memory_runs_alone():
+    from testbed.pdd.run.vloop import run_virtual
+
+    model = warm_model(CFG)
+    done = []
+
+    async def sink(emitted):
+        done.extend((e.seq.rid, e.position) for e in emitted if e.finished)
+
+    async def main():
+        loop = DecodeLoop(model, CostModel(GPU_A), AsyncPacer(time_scale=1.0), sink,
+                          kv_capacity_tokens=5)  # less than any footprint here
+        loop.start()
+        loop.join(_seq(model, 1, [5] * 10, 3))   # alone: runs although it does not fit
+        loop.join(_seq(model, 2, [6] * 10, 3))   # waits
+        loop.join(_seq(model, 3, [7] * 10, 3))   # waits behind 2
+        assert set(loop.active) == {1} and list(loop.waiting) == [2, 3]
+        assert loop.leave(2).rid == 2 and list(loop.waiting) == [3]
+        while loop.load:
+            await asyncio.sleep(0.001)
+        await loop.stop()
+
+    run_virtual(main())
+    assert done == [(1, 2), (3, 2)]  # 2 left while waiting: it never decoded

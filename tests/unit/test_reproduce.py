@@ -285,6 +285,18 @@ def test_p_rld_collapse(tmp_path):
     assert claim_p_rld(runs_of(tmp_path / "b"), None).verdict == DIFFERS
 
 
+def test_p_rld_counts_the_requests_that_waited_for_rld_memory(tmp_path):
+    d = headline(tmp_path)
+    recs = [json.loads(x) for x in (d / "p-rld" / "requests.jsonl").read_text().splitlines()]
+    for r, wait in zip(recs, (0.0, 1.5, 0.25)):
+        r["reports"]["RLD"] = {"kv_wait_s": wait}
+    (d / "p-rld" / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    c = claim_p_rld(runs_of(tmp_path), None)
+    row = c.figures["points"][0]
+    assert (row["p_rld_kv_waited"], row["p_rld_kv_wait_max_s"]) == (2, 1.5)
+    assert "2 waited for RLD's KV memory (at most 1.5 s)" in c.measured
+
+
 def test_rld_peak_hold_counts_what_rld_decodes_at_once():
     def on_rld(i, first, n_tok, prompt):  # t_sent i; RLD's tokens from i+first, 1 s apart
         r = rec(i, first, n_tok=n_tok, rld=n_tok, tok_s=1.0, prompt=prompt)

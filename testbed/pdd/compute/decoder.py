@@ -14,6 +14,18 @@ of ``(1, context)`` per sequence plus ``(n, context)`` per extend, times
 ``time_scale``). Tokens exist only once the step's modeled time is over:
 then they are handed to the role's ``sink`` in one call.
 
+KV memory: a sequence holds, from the step it joins to the one it leaves,
+the modeled KV of its whole life (``footprint``: its prompt x token_scale
+plus its max output, the router's RLD budget's count), against the
+instance's modeled KV memory (``CostModel.kv_capacity_tokens``: usable
+device memory minus the weights). One that does not fit waits, first come
+first served, until enough of it is free: a real engine's scheduler queues
+such a request (vLLM's waiting queue; reserving the whole life up front
+means nothing is ever preempted). A sequence larger than the memory alone
+runs when nothing else does. ``kv_wait_s`` on the Seq is how long it waited;
+``max_waiting`` the most that waited at once. Extends (MD's recompute) run on
+caches that have not joined and are not counted.
+
 Sequence lifecycle: ``join(seq)`` (the role has emitted ``seq.next_token``
 at ``seq.next_position - 1``) -> each step produces ``next_position`` ->
 the loop drops the sequence itself after producing position
@@ -54,6 +66,8 @@ class Seq:
     next_position: int
     max_out: int
     overruns: int = 0  # steps of this sequence whose real compute exceeded the modeled time
+    kv_wait_s: float = 0.0  # time waited for KV memory before it decoded (module docstring)
+    t_joined: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -81,10 +95,16 @@ class DecodeLoop:
     """The step loop of one decode instance (see the module docstring)."""
 
     def __init__(self, model: Model, cost: CostModel, pacer: AsyncPacer, sink: Sink,
-                 chunk_tokens: int = 0):
+                 chunk_tokens: int = 0, kv_capacity_tokens: int | None = None):
         self.model, self.cost, self.pacer, self._sink = model, cost, pacer, sink
         self.chunk_tokens = chunk_tokens  # 0: non-urgent extends run whole
+        self.kv_capacity = cost.kv_capacity_tokens() if kv_capacity_tokens is None \
+            else kv_capacity_tokens
         self.active: dict[int, Seq] = {}
+        self.waiting: dict[int, Seq] = {}  # for KV memory, in arrival order
+        self._reserved: dict[int, int] = {}  # rid -> modeled KV tokens (footprint)
+        self.kv_held = 0
+        self.max_waiting = 0
         self._extends: list[_ExtendJob] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
@@ -93,7 +113,17 @@ class DecodeLoop:
 
     @property
     def load(self) -> int:
-        return len(self.active)
+        """Sequences on this instance: decoding or waiting for KV memory."""
+        return len(self.active) + len(self.waiting)
+
+    def holds(self, rid: int) -> bool:
+        return rid in self.active or rid in self.waiting
+
+    def footprint(self, seq: Seq) -> int:
+        """Modeled KV tokens ``seq`` holds over its life: its prompt (the cache less the
+        tokens decoded before it joined) x token_scale, plus its max output."""
+        prompt = max(0, seq.cache.length - (seq.next_position - 1))
+        return prompt * self.cost.token_scale + seq.max_out
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -107,15 +137,37 @@ class DecodeLoop:
             job.future.cancel()
 
     def join(self, seq: Seq) -> None:
-        if seq.rid in self.active:
+        if self.holds(seq.rid):
             raise ValueError(f"request {seq.rid} is already decoding")
         if seq.next_position >= seq.max_out:
             raise ValueError(f"request {seq.rid} has nothing left to decode")
-        self.active[seq.rid] = seq
-        self._wake.set()
+        seq.t_joined = clock.now()
+        self.waiting[seq.rid] = seq
+        self._admit()
 
     def leave(self, rid: int) -> Seq | None:
-        return self.active.pop(rid, None)
+        seq = self.active.pop(rid, None) or self.waiting.pop(rid, None)
+        self._release(rid)
+        return seq
+
+    def _release(self, rid: int) -> None:
+        self.kv_held -= self._reserved.pop(rid, 0)
+        self._admit()
+
+    def _admit(self) -> None:
+        """Start the waiting sequences, first come first served, while their KV fits."""
+        while self.waiting:
+            rid, seq = next(iter(self.waiting.items()))
+            need = self.footprint(seq)
+            if self.active and self.kv_held + need > self.kv_capacity:
+                break
+            del self.waiting[rid]
+            self._reserved[rid] = need
+            self.kv_held += need
+            seq.kv_wait_s += clock.now() - seq.t_joined
+            self.active[rid] = seq
+            self._wake.set()
+        self.max_waiting = max(self.max_waiting, len(self.waiting))
 
     def extend(self, cache: Cache, token_ids: tuple[int, ...],
                urgent: bool = False) -> asyncio.Future:
@@ -177,6 +229,7 @@ class DecodeLoop:
             finished = seq.next_position >= seq.max_out
             if finished:
                 del self.active[seq.rid]
+                self._release(seq.rid)
             out.append(Emitted(seq, position, tok, finished))
         if out:
             await self._sink(out)

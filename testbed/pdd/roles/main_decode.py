@@ -335,5 +335,6 @@ class MainDecodeNode(DecodingRoleServer):
         self.decoder.leave(st.rid)
         h = st.handoff
         report = dict(st.report, **extra, handoff_mismatches=h.mismatches,
-                      overruns=st.seq.overruns if st.seq else 0)
+                      overruns=st.seq.overruns if st.seq else 0,
+                      kv_wait_s=round(st.seq.kv_wait_s, 6) if st.seq else 0.0)
         await self._send_router(st.rid, Report(Role.MAIN_DECODE, self.name, report))

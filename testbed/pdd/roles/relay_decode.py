@@ -184,7 +184,7 @@ class RelayDecodeNode(DecodingRoleServer):
             return
         st.report["md_lost"] = why
         seq = st.seq
-        if seq is None or st.rid in self.decoder.active:
+        if seq is None or self.decoder.holds(st.rid):
             return  # not decoding yet (KV_DONE will start it) or still decoding
         # Resume after the last emitted token: a step that was running when RLD
         # left the batch may have fed one more token into the cache.
@@ -234,6 +234,7 @@ class RelayDecodeNode(DecodingRoleServer):
                       pipeline_final=(pipeline or "") + h.pipeline_suffix,
                       handoff_batches=[[b.start, b.end, b.final] for b in h.batches],
                       handoff_tokens=h.sent_end if h.phase == RelayPhase.HANDED_OVER else 0,
-                      overruns=st.seq.overruns if st.seq else 0)
+                      overruns=st.seq.overruns if st.seq else 0,
+                      kv_wait_s=round(st.seq.kv_wait_s, 6) if st.seq else 0.0)
         if self.router is not None:
             await self.router.send(st.rid, Report(Role.RELAY_DECODE, self.name, report))
