@@ -36,7 +36,8 @@ from typing import Callable, Mapping, Sequence
 from testbed.errors import TestbedError
 from testbed.report.capacity import CapacityConfig
 from testbed.report.claims_load import HIT_BINS
-from testbed.report.reproduce import JSON_FILE, MD_FILE, Slot, reproduce
+from testbed.report.reproduce import (FULL, JSON_FILE, MD_FILE, PAPER_SCALE, QUICK, SWEEP, Slot,
+                                      reproduce)
 from testbed.report.seeds import describe
 
 DRAW = "draw-{}"
@@ -73,6 +74,7 @@ def reproduce_draws(out: Path, n: int, run_fn: DrawRunFn | None, slots: tuple[Sl
                                f"with --seeds, found {len(dirs)}")
         docs = [reproduce(out / d.name if out != from_runs else d, False, None, None, d,
                           capacity, command) for d in dirs]
+        slots = slots_in(dirs[0])
     table = claims_over_draws(docs)
     meta = {"command": command, "started_wall": started, "draws": len(docs),
             "wall_s": round(time.monotonic() - t0, 1),
@@ -85,6 +87,16 @@ def reproduce_draws(out: Path, n: int, run_fn: DrawRunFn | None, slots: tuple[Sl
     (out / JSON_FILE).write_text(json.dumps(doc, indent=1, allow_nan=False, default=str) + "\n")
     (out / MD_FILE).write_text(render_draws_md(doc))
     return doc
+
+
+def slots_in(draw: Path) -> tuple[Slot, ...]:
+    """The known slots (PAPER_SCALE, FULL, QUICK, SWEEP: the first of a name) that have a run
+    directory in ``draw``."""
+    seen: dict[str, Slot] = {}
+    for slot in PAPER_SCALE + FULL + QUICK + SWEEP:
+        if slot.name not in seen and (draw / slot.name / "metadata.json").is_file():
+            seen[slot.name] = slot
+    return tuple(seen.values())
 
 
 def scalar_figures(claim: Mapping) -> dict[str, float]:

@@ -112,4 +112,5 @@ def test_cli_rebuilds_the_table_over_draws(tmp_path, capsys):
                  str(tmp_path / "out")]) == 0
     doc = json.loads((tmp_path / "out" / "reproduction.json").read_text())
     assert doc["draws"] == 2 and (tmp_path / "out" / "draw-1" / "reproduction.md").is_file()
+    assert [s["name"] for s in doc["slots"]] == ["paper-sweep"]  # the slots the draws ran
     assert "goodput within SLA" in capsys.readouterr().out
