@@ -432,7 +432,7 @@ def _reproduce_draws(args, draws: int, virtual: bool) -> int:
         counts = ", ".join(f"{v} {k}" for k, v in c["verdicts"].items())
         print(f"{c['key']:>3} {c['verdict']:<22} ({counts}) {c['title']}")
     print(f"table: {Path(args.out) / 'reproduction.md'}")
-    return 0
+    return 1 if doc.get("errors") else 0
 
 
 def cmd_capacity(args) -> int:

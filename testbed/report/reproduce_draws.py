@@ -81,7 +81,9 @@ def reproduce_draws(out: Path, n: int, run_fn: DrawRunFn | None, slots: tuple[Sl
             "from_runs": str(from_runs) if from_runs else None,
             "slots": [{"name": s.name, "scenario": s.scenario, "claims": s.claims}
                       for s in slots],
-            "draw_wall_s": [d.get("slots_wall_s") for d in docs]}
+            "draw_wall_s": [d.get("slots_wall_s") for d in docs],
+            "errors": {f"draw-{i}/{slot}": e["error"] for i, d in enumerate(docs)
+                       for slot, e in (d.get("runs") or {}).items() if e.get("error")}}
     doc = {**meta, **table}
     out.mkdir(parents=True, exist_ok=True)
     (out / JSON_FILE).write_text(json.dumps(doc, indent=1, allow_nan=False, default=str) + "\n")
@@ -179,6 +181,9 @@ def render_draws_md(doc: Mapping) -> str:
     lines += ["", "## Slots", "", "| slot | scenario | claims |", "|---|---|---|"]
     lines += [f"| {s['name']} | {s['scenario']} | {s['claims']} |"
               for s in doc.get("slots") or ()]
+    if doc.get("errors"):
+        lines += ["", "Runs that raised (their claims say so in that draw): " + "; ".join(
+            f"{k}: {cell(v)}" for k, v in doc["errors"].items())]
     walls = [w for w in doc.get("draw_wall_s") or () if w is not None]
     if walls:
         lines += ["", f"Each draw's slots took {min(walls):g}-{max(walls):g} s of wall time."]

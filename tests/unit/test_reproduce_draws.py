@@ -114,3 +114,20 @@ def test_cli_rebuilds_the_table_over_draws(tmp_path, capsys):
     assert doc["draws"] == 2 and (tmp_path / "out" / "draw-1" / "reproduction.md").is_file()
     assert [s["name"] for s in doc["slots"]] == ["paper-sweep"]  # the slots the draws ran
     assert "goodput within SLA" in capsys.readouterr().out
+
+
+def test_a_run_that_raises_is_named_and_the_other_draws_still_count(tmp_path):
+    from testbed.errors import TestbedError
+
+    good = fake_run([])
+
+    def run_fn(scenario, out, scale, offset):
+        if offset == 1:
+            raise TestbedError("the network model refused it")
+        good(scenario, out, scale, offset)
+
+    doc = reproduce_draws(tmp_path, 3, run_fn, (Slot("paper-sweep", "x", "6"),))
+    assert doc["errors"] == {"draw-1/paper-sweep": "TestbedError: the network model refused it"}
+    six = next(c for c in doc["claims"] if c["key"] == "6")
+    assert six["figures"]["change_pct"]["n"] == 2 and six["verdicts"]["not reproducible here"] == 1
+    assert "draw-1/paper-sweep: TestbedError" in (tmp_path / "reproduction.md").read_text()
