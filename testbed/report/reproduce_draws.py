@@ -102,13 +102,23 @@ def slots_in(draw: Path) -> tuple[Slot, ...]:
 
 
 def scalar_figures(claim: Mapping) -> dict[str, float]:
-    """A claim's figures that are one number each: the top-level numeric ones; claim 9's
-    benefit per hit-rate bin (``benefit_pct[lo-hi]``); claim 8's ``breaks_at_rps`` only
-    where p-rld broke (its count over the draws is the figure, render_draws_md)."""
+    """A claim's figures that are one number each: the top-level numeric ones (claim 8's
+    ``breaks_at_rps`` only where p-rld broke); claim 8's e2e p99 ratio p-rld / pdd and
+    requests that waited for RLD's KV memory at the highest load, and the peak share of
+    that memory RLD held; claim 9's benefit per hit-rate bin (``benefit_pct[lo-hi]``)."""
     out = {}
     for k, v in (claim.get("figures") or {}).items():
         if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
             out[k] = float(v)
+    figs = claim.get("figures") or {}
+    if claim.get("key") == "8" and figs.get("points"):
+        top = figs["points"][-1]  # the highest load
+        for k in ("e2e_ratio", "p_rld_kv_waited"):
+            if isinstance(top.get(k), (int, float)):
+                out[f"top_load_{k}"] = float(top[k])
+        peak = figs.get("rld_peak") or {}
+        if peak.get("kv_capacity_tokens"):
+            out["rld_peak_kv_share"] = peak["kv_tokens"] / peak["kv_capacity_tokens"]
     if claim.get("key") == "9":
         for point in (claim.get("figures") or {}).get("points") or ():
             hit, benefit, n = point

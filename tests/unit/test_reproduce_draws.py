@@ -131,3 +131,11 @@ def test_a_run_that_raises_is_named_and_the_other_draws_still_count(tmp_path):
     six = next(c for c in doc["claims"] if c["key"] == "6")
     assert six["figures"]["change_pct"]["n"] == 2 and six["verdicts"]["not reproducible here"] == 1
     assert "draw-1/paper-sweep: TestbedError" in (tmp_path / "reproduction.md").read_text()
+
+
+def test_claim_8_gives_its_highest_load_and_rlds_peak_memory():
+    figs = {"points": [{"e2e_ratio": 1.1, "p_rld_kv_waited": 0},
+                       {"e2e_ratio": 1.4, "p_rld_kv_waited": 3}],
+            "breaks_at_rps": None, "rld_peak": {"kv_tokens": 50, "kv_capacity_tokens": 200}}
+    assert scalar_figures({"key": "8", "figures": figs}) == {
+        "top_load_e2e_ratio": 1.4, "top_load_p_rld_kv_waited": 3.0, "rld_peak_kv_share": 0.25}
