@@ -107,10 +107,10 @@ def scalar_figures(claim: Mapping) -> dict[str, float]:
     requests that waited for RLD's KV memory at the highest load, and the peak share of
     that memory RLD held; claim 9's benefit per hit-rate bin (``benefit_pct[lo-hi]``)."""
     out = {}
-    for k, v in (claim.get("figures") or {}).items():
+    figs = claim.get("figures") or {}
+    for k, v in figs.items():
         if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
             out[k] = float(v)
-    figs = claim.get("figures") or {}
     if claim.get("key") == "8" and figs.get("points"):
         top = figs["points"][-1]  # the highest load
         for k in ("e2e_ratio", "p_rld_kv_waited"):
@@ -120,7 +120,7 @@ def scalar_figures(claim: Mapping) -> dict[str, float]:
         if peak.get("kv_capacity_tokens"):
             out["rld_peak_kv_share"] = peak["kv_tokens"] / peak["kv_capacity_tokens"]
     if claim.get("key") == "9":
-        for point in (claim.get("figures") or {}).get("points") or ():
+        for point in figs.get("points") or ():
             hit, benefit, n = point
             for lo, hi in HIT_BINS:
                 if lo <= hit < hi + (hi == 100):
