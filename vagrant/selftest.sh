@@ -23,7 +23,8 @@
 #   compare        testbed compare of the two runs: OUT/compare.md
 #   leftovers      no domain, volume, libvirt network, interface, qemu process
 #                  or ssh listener of this run is left (OUT/leftovers.txt)
-# OUT/selftest.md sums it up. Exit 0 when every step held, 1 when one
+# OUT/selftest.md sums it up, each run's fidelity verdict split into network,
+# compute and host (testbed/vm/selftest_summary.py). Exit 0 when every step held, 1 when one
 # failed (the rest of the steps that clean up still run), 2 usage.
 # Ctrl-C (or SIGTERM) destroys the VM and stops what this script started.
 #
@@ -35,7 +36,7 @@ set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(dirname "$here")"
 cd "$repo"
-case "${1:-}" in -h|--help) sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
+case "${1:-}" in -h|--help) sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
 OUT="${1:-runs/vagrant-selftest}"
 case "$OUT" in /*|*..*) echo "selftest: give OUT as a path inside the repository" >&2; exit 2 ;; esac
 [ "$(id -u)" -eq 0 ] || { echo "selftest: run as root (libvirt, mmdebstrap, the scenario)" >&2; exit 2; }
@@ -262,6 +263,9 @@ main() {
     echo "Guest \`testbed check\`: \`${check_line:-none}\`"
     echo
     [ -f "$OUT/compare.md" ] && { echo "## $SCENARIO: netem in the guest vs userspace here"; echo; cat "$OUT/compare.md"; echo; }
+    .venv/bin/python -m testbed.vm.selftest_summary --accel "$TESTBED_VM_ACCEL" \
+      "guest netem=$OUT/crosscheck-netem" "host userspace=$OUT/crosscheck-userspace" 2>&1
+    echo
     echo "## Leftovers"; echo; echo '```'; cat "$OUT/leftovers.log" 2>/dev/null; echo '```'
     echo
     if [ -n "$failed" ]; then echo "Verdict: FAILED ($failed)"; else echo "Verdict: passed"; fi

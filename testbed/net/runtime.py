@@ -122,20 +122,18 @@ def plan_set_link(plan: NetworkPlan, channels: dict[str, Channel], link: str,
 
 
 def _change_ops(backend: Backend, old: Channel, new: Channel) -> list[Op]:
+    netem = backend is Backend.NETEM
     ops: list[Op] = []
     if new.htb != old.htb:
-        ops.append(TcCall(new.node, new.dev, "change-class", tc.rate_request(new.htb),
+        ops.append(TcCall(new.node, new.dev, "change-class", tc.rate_request(new.htb, netem),
                           f"change rate of {new.id}"))
-    if backend is Backend.NETEM:
-        if new.impairment != old.impairment:
-            ops.append(TcCall(new.node, new.dev, "change", tc.leaf_request(new, netem=True),
-                              f"change impairment of {new.id}"))
-        return ops
     if new.queue_pkts != old.queue_pkts:
-        ops.append(TcCall(new.node, new.dev, "change", tc.leaf_request(new, netem=False),
+        ops.append(TcCall(new.node, new.dev, "change", tc.queue_request(new, netem),
                           f"change queue of {new.id}"))
     if new.impairment != old.impairment:
-        ops.append(SetDelayLine(new.id, delay_params(new.impairment, up=True)))
+        ops.append(TcCall(new.node, new.dev, "change", tc.stage_request(new),
+                          f"change impairment of {new.id}") if netem else
+                   SetDelayLine(new.id, delay_params(new.impairment, up=True)))
     return ops
 
 

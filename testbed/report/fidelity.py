@@ -260,17 +260,23 @@ def rtt_figures(ping_text: str | None, events, links, topology: Mapping, window,
             "configured_jitter_ms": jitter}
 
 
+# A shaper's queue is backlogged at a read when it holds more than two full frames: one
+# or two are a packet between the rate limiter's dequeues, not a queue.
+QUEUED_MIN_BYTES = 2 * 1514
+
+
 def shaper_figures(links: Sequence, window) -> dict:
     """Per channel: its delivered rate over the intervals whose both ends found its queue
-    backlogged, against the emulated rate configured then (a queue that emptied inside
+    backlogged (more than QUEUED_MIN_BYTES), against the emulated rate configured then (a queue that emptied inside
     an interval makes the ratio low, never high). Both ends backlogged does not make an
     interval backlogged throughout: a 136 KB queue drains in 1 ms at 1 Gbit/s, and a burst
     that arrives just before the next read leaves a backlog again. So an interval is
     judged only when the work that reached the queue (what it sent, what it still holds
     at the end, what it dropped) was at least what its rate could send in the interval:
     less, and it must have idled (such an interval read 15% and alone made a faithful
-    run's 9 s of backlog read 64%; on netem, a packet held in the delay stage read as a
-    backlog the same way). Nor is one whose first read found less queued than the rate
+    run's 9 s of backlog read 64%; on netem, when netem was the class's leaf, a packet
+    held for its delay read as a backlog the same way: now the queue read is the
+    shaper's own on both backends, testbed/net/tc.py). Nor is one whose first read found less queued than the rate
     could send in the interval and which dropped nothing: the queue may have emptied
     and a burst arrived late in it (0.8 MB at the start, 8 MB at the end at 0.08 Gbit/s,
     5 MB a half second: it read 28% and alone made a faithful run's 5 s of backlog read
@@ -290,7 +296,8 @@ def shaper_figures(links: Sequence, window) -> dict:
         for a, b in zip(rows, rows[1:]):
             if window is not None and not (window[0] <= a.t_mono and b.t_mono <= window[1]):
                 continue
-            if not (a.backlog_bytes and b.backlog_bytes) or not a.emulated_rate_gbit:
+            if not a.emulated_rate_gbit or a.backlog_bytes is None or b.backlog_bytes is None \
+                    or min(a.backlog_bytes, b.backlog_bytes) <= QUEUED_MIN_BYTES:
                 continue
             if b.emulated_rate_gbit is not None and b.emulated_rate_gbit != a.emulated_rate_gbit:
                 continue
@@ -503,6 +510,23 @@ def combine(modes: Mapping[str, dict], policy: str = "report") -> dict:
             "reasons": [f"{name}: {r}" for name, m in modes.items() for r in m["reasons"]],
             "host_steal": host_steal(modes),
             "tolerances": TOLERANCES.__dict__.copy(), "modes": dict(modes)}
+
+
+PARTS = ("network", "compute", "host")
+
+
+def by_part(fid: Mapping) -> dict[str, dict]:
+    """The run's verdict split by what was late: per part (network, compute, host) its
+    own verdict (degraded when a reason names it) and reasons, each still prefixed
+    with its mode. A run whose compute overran under software emulation can still
+    say its network was emulated faithfully."""
+    out = {}
+    for part in PARTS:
+        reasons = [r for r in fid.get("reasons") or []
+                   if r.partition(": ")[2].startswith(part + ":")]
+        verdict = None if fid.get("verdict") is None else DEGRADED if reasons else FAITHFUL
+        out[part] = {"verdict": verdict, "reasons": reasons}
+    return out
 
 
 def host_steal(modes: Mapping[str, dict]) -> dict | None:

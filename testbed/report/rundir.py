@@ -196,7 +196,7 @@ def _load_mode(run_path: Path, name: str) -> ModeData:
     notes: list[str] = []
     requests = _read_jsonl(d / "requests.jsonl", notes, _compact)
     events = _read_jsonl(d / "events.jsonl", notes)
-    links = _read_links(d / "links.csv", notes)
+    links = read_links(d / "links.csv", notes)
     return ModeData(name, tuple(requests), tuple(events), tuple(links), tuple(notes))
 
 
@@ -227,7 +227,8 @@ def _read_jsonl(path: Path, notes: list[str], keep=lambda obj: obj) -> list[dict
     return out
 
 
-def _read_links(path: Path, notes: list[str]) -> list[LinkSample]:
+def read_links(path: Path, notes: list[str]) -> list[LinkSample]:
+    """One links.csv's rows (a missing file or a truncated last line: a note)."""
     if not path.is_file():
         notes.append(f"{path.parent.name}/{path.name} is missing")
         return []

@@ -5,7 +5,14 @@ guest, the project's own code probes the kernel (must pick netem), builds
 the default topology with a 1 % random-loss WAN at scale k (default 100:
 10 Gbit/s nominal -> 100 Mbit/s emulated, what a software-emulated guest
 carries), calibrates the WAN (ping RTT, iperf3 TCP rate both ways, iperf3
-UDP loss both ways), changes the WAN at runtime with
+UDP loss both ways), checks the shaper as a run's fidelity verdict does
+(``shaper_phase``: two phases at a quarter of the check's rate with the
+WAN's loss off, wan/a>b's htb class read by the runner's own LinkSampler
+and judged by testbed/report/fidelity.py: "light", one TCP flow at a
+fifth of the rate, must leave the shaper's queue empty at nearly every
+read and read a faithful network verdict; "saturated", eight flows, must
+deliver the configured rate within 5% while backlogged), changes the WAN
+at runtime with
 ``testbed.net.runtime.set_link`` (delay 20 -> 10 ms one way, rate 10 -> 5
 Gbit/s nominal) and calibrates again. The guest writes the raw figures to
 ``guest-figures.json``; the host judges them (``judge``, pure) with the
@@ -74,6 +81,26 @@ TOLERANCES = {"rtt_ms": ("abs", 3.0), "rate": ("rel", 0.10), "loss": ("abs", 0.5
 # loaded host the guest's one vCPU, not netem, now and then limits TCP.
 RATE_ATTEMPTS = 3
 FIGURES, VERDICT = "guest-figures.json", "netem-check.json"
+# The shaper check (testbed/report/fidelity.py's, on links.csv sampled as a run
+# samples it): "light", one TCP flow at LIGHT_SHARE of the WAN's rate, must
+# leave the shaper's queue empty at nearly every read and read a faithful
+# network verdict; "saturated", SATURATED_FLOWS flows, must keep it backlogged
+# and deliver the configured rate within SHAPER_TOL.
+# Both phases run at SHAPER_RATE_SHARE of the check's starting rate, so that the
+# guest's one emulated vCPU carries the flows and the reads with room to spare
+# (at the full 96 Mbit/s, four flows and a sampler of every channel moved 67 and
+# left the queue empty), and only wan/a>b is read (a read of one htb class takes
+# 0.15-0.4 s of the vCPU). A saturated interval is judged when its queue dropped
+# (fidelity.shaper_figures: a BDP queue never holds what the rate sends in a
+# read interval), so the phase has many flows and seconds enough for drops.
+SHAPER_PHASE_S = {"light": 6.0, "saturated": 12.0}
+SHAPER_RATE_SHARE = 0.25
+LIGHT_SHARE = 0.2
+SATURATED_FLOWS = 8
+SHAPER_TOL = 0.05
+# A read that finds more than two full frames queued is a backlogged read.
+QUEUED_PKTS = 2
+LIGHT_MAX_BACKLOGGED_READS = 0.1
 # One vCPU: with two, qdisc dequeues run on both (watchdog timer on one,
 # enqueue path on the other), veth hands packets to two per-CPU backlogs and
 # software emulation processes them slowly enough to reorder the flow
@@ -153,6 +180,55 @@ def starting_rate_gbit(nominal_gbit: float, scale: float, capacity: float) -> fl
     return capped * scale / 1000.0
 
 
+def shaper_phase(net, out: Path, name: str, rate_gbit: float) -> dict:
+    """Sample the WAN's htb classes (LinkSampler, every SAMPLE_EVERY_S) while TCP loads
+    the WAN a>b: ``light`` one flow at LIGHT_SHARE of the emulated rate, ``saturated``
+    SATURATED_FLOWS unpaced flows. Returns the reads of wan/a>b (time, backlog) and
+    the fidelity module's shaper figures and network reasons over the phase."""
+    import threading
+    import types
+
+    from testbed.net.calibrate import run_iperf
+    from testbed.report.fidelity import judge, shaper_figures
+    from testbed.report.rundir import read_links
+    from testbed.scenario.sampler import SAMPLE_EVERY_S, LinkSampler
+
+    d = out / f"shaper-{name}"
+    d.mkdir(parents=True, exist_ok=True)
+    wan = types.SimpleNamespace(channels={"wan/a>b": net.channels["wan/a>b"]},
+                                ipr=net.ipr, ifindex=net.ifindex, delay_lines=None)
+    sampler, stop = LinkSampler(wan, d / "links.csv"), threading.Event()
+
+    def loop():
+        while not stop.is_set():
+            sampler.sample()
+            stop.wait(SAMPLE_EVERY_S)
+
+    src, dst = wan_hosts(net.plan.topology)
+    secs = SHAPER_PHASE_S[name]
+    emulated_bps = rate_gbit * 1e9 / net.plan.scale
+    args = ["-t", f"{secs:g}"] + (["-b", f"{int(LIGHT_SHARE * emulated_bps)}"]
+                                  if name == "light" else ["-P", str(SATURATED_FLOWS)])
+    th = threading.Thread(target=loop, daemon=True)
+    th.start()
+    try:
+        iperf = run_iperf(net, src, dst, net.ip(dst), args, secs)
+    finally:
+        stop.set()
+        th.join()
+        sampler.close()
+    notes: list[str] = []
+    links = read_links(d / "links.csv", notes)
+    shapers = shaper_figures(links, None)
+    return {"phase": name, "seconds": secs, "iperf_mbit": round(iperf["bps"] / 1e6, 2),
+            "emulated_mbit": round(emulated_bps / 1e6, 3),
+            "reads": [(round(x.t_mono, 3), x.backlog_bytes) for x in links
+                      if (x.link, x.direction) == ("wan", "a>b")],
+            "shapers": shapers,
+            "network_reasons": [r for r in judge({"network": {"shapers": shapers}})
+                                if r.startswith("network:")]}
+
+
 def measure(out: Path, scale: float, seed: int = 1) -> dict:
     """Run in the guest: probe, build, calibrate, change, calibrate again."""
     t0 = time.monotonic()
@@ -161,7 +237,7 @@ def measure(out: Path, scale: float, seed: int = 1) -> dict:
     from testbed.net.calibrate import calibrate, parse_ping, results_json
     from testbed.net.events import EventLog
     from testbed.net.runtime import set_link
-    from testbed.impairment import LossSpec
+    from testbed.impairment import NO_LOSS, LossSpec
     from testbed.spec.topology import load_topology
 
     times = {"import": time.monotonic() - t0}
@@ -194,6 +270,12 @@ def measure(out: Path, scale: float, seed: int = 1) -> dict:
         doc["phases"].append({"phase": "configured", "changes": {},
                               "links": results_json(net, results)["links"]})
         times["calibrate"] = time.monotonic() - t
+        t = time.monotonic()
+        set_link(net, "wan", loss=NO_LOSS, rate_gbit=rate * SHAPER_RATE_SHARE)
+        doc["shaper"] = [shaper_phase(net, out, name, rate * SHAPER_RATE_SHARE)
+                         for name in SHAPER_PHASE_S]
+        set_link(net, "wan", loss=wan.loss, rate_gbit=rate)
+        times["shaper"] = time.monotonic() - t
         t = time.monotonic()
         set_link(net, "wan", **doc["runtime_change"])
         doc["qdisc_after"] = _qdisc_text(net, "wan/a>b")
@@ -249,6 +331,37 @@ def _figure(phase: str, link: str, c: dict, overhead_ms: float) -> Row:
                judged is not None and abs(judged - cfg) <= allowed, c.get("note", ""))
 
 
+def shaper_rows(ph: dict) -> list[Row]:
+    """One shaper phase's rows: ``light``, the share of reads that found more than
+    QUEUED_PKTS frames in the shaper's queue (at most LIGHT_MAX_BACKLOGGED_READS: a
+    packet held for its delay is not the shaper's) and the network verdict
+    (faithful); ``saturated``, wan/a>b's delivered / configured rate while backlogged
+    (within SHAPER_TOL, judged over at least 2 s)."""
+    phase = f"shaper {ph['phase']}"
+    rows = []
+    if ph["phase"] == "light":
+        reads = [b for _, b in ph["reads"] if b is not None]
+        busy = sum(1 for b in reads if b > QUEUED_PKTS * 1514)
+        share = busy / len(reads) if reads else None
+        rows.append(Row(phase, "wan a>b queued reads", f"<= {LIGHT_MAX_BACKLOGGED_READS:g}",
+                        share if share is None else round(share, 3),
+                        share if share is None else round(share, 3), "share",
+                        f"> {QUEUED_PKTS} pkts", share is not None and
+                        share <= LIGHT_MAX_BACKLOGGED_READS, f"{busy} of {len(reads)} reads"))
+        verdict = "degraded" if ph["network_reasons"] else "faithful"
+        rows.append(Row(phase, "network verdict", "faithful", verdict, verdict, "", "equal",
+                        verdict == "faithful", "; ".join(ph["network_reasons"])))
+        return rows
+    d = ph["shapers"].get("wan/a>b")
+    ratio = d["delivered_ratio"] if d and d["backlogged_s"] >= 2.0 else None
+    rows.append(Row(phase, "wan a>b delivered", 1.0, ratio, ratio, "x rate",
+                    f"+-{SHAPER_TOL * 100:g}%",
+                    ratio is not None and abs(ratio - 1.0) <= SHAPER_TOL,
+                    f"{d['backlogged_s'] if d else 0:g} s backlogged of {ph['seconds']:g}; "
+                    f"iperf3 {ph['iperf_mbit']:g} of {ph['emulated_mbit']:g} Mbit/s"))
+    return rows
+
+
 def judge(doc: dict) -> list[Row]:
     """The guest's figures against the guest tolerances, one row per figure.
 
@@ -262,6 +375,8 @@ def judge(doc: dict) -> list[Row]:
     for phase in doc["phases"]:
         for link in phase["links"]:
             rows += [_figure(phase["phase"], link["link"], c, overhead) for c in link["checks"]]
+    for ph in doc.get("shaper", []):
+        rows += shaper_rows(ph)
     after = doc.get("qdisc_after", "")
     change = doc.get("runtime_change", RUNTIME_CHANGE)
     delay = f"delay {change['delay_ms']:g}ms"

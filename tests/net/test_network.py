@@ -97,25 +97,30 @@ def test_runtime_delay_and_rate_change(topo, clean_host):
         assert kinds.count("set_link") == 2  # one per direction, logged
 
 
-def _leaf_limit(net, ch) -> int:
+def _limits(net, ch) -> dict[str, int]:
+    """The packet limit of each qdisc on the channel's interface, by handle."""
     out = net.run(ch.node, ["tc", "qdisc", "show", "dev", ch.dev]).stdout if ch.node else \
         subprocess.run(["tc", "qdisc", "show", "dev", ch.dev], capture_output=True,
                        text=True, check=True).stdout
-    leaf = next(line for line in out.splitlines() if "parent 1:10" in line)
-    return int(leaf.split(" limit ")[1].split()[0].rstrip("p"))
+    return {line.split()[2]: int(line.split(" limit ")[1].split()[0].rstrip("p"))
+            for line in out.splitlines() if line.startswith("qdisc ") and " limit " in line}
 
 
 def test_a_delay_increase_resizes_the_kernels_queue_limit(topo, clean_host):
+    """The shaper's pfifo (both backends) and netem's stage (netem) follow the new BDP."""
     with open_network(topo) as net:
+        netem = net.plan.backend.value == "netem"
         ch = net.channels["wan/a>b"]
-        want_before = ch.impairment.limit_pkts if net.plan.backend.value == "netem" \
-            else ch.queue_pkts
-        assert _leaf_limit(net, ch) == want_before
+        queue, stage = ("20:", "1:") if netem else ("10:", None)
+        assert _limits(net, ch)[queue] == ch.queue_pkts
+        if netem:
+            assert _limits(net, ch)[stage] == ch.impairment.limit_pkts
         runtime.set_link(net, "wan", delay_ms=4 * ch.spec.delay_ms)
         new = net.channels["wan/a>b"]
-        want = new.impairment.limit_pkts if net.plan.backend.value == "netem" else new.queue_pkts
-        assert want > 3 * want_before
-        assert _leaf_limit(net, new) == want
+        assert new.queue_pkts > 3 * ch.queue_pkts
+        assert _limits(net, new)[queue] == new.queue_pkts
+        if netem:
+            assert _limits(net, new)[stage] == new.impairment.limit_pkts
         assert ping_avg(net, "xa1", "xb1")["avg_ms"] == pytest.approx(160, abs=3)
 
 

@@ -257,3 +257,16 @@ def test_a_shaper_interval_that_must_have_idled_is_not_judged():
     slow_late = late[:2] + [LinkSample(101.0, "wan", "a>b", 3_900_000, 2700, 0, 8.0, 0.08,
                                        5_500_000)]
     assert F.shaper_figures(slow_late, None)["wan/a>b"]["delivered_ratio"] == 0.5
+
+
+def test_a_packet_or_two_at_each_read_is_not_a_backlog():
+    # one small packet at each read (111 and 66 bytes: what a netem delay queue held when
+    # netem was the htb class's leaf), a few KB sent, and drops that would make the
+    # interval's work exceed the rate: a shaper judged on it would read 4.8%
+    tiny = [LinkSample(100.0, "wan", "a>b", 0, 0, 0, 0.1, 0.001, 111),
+            LinkSample(100.5, "wan", "a>b", 3_000, 2, 60, 0.1, 0.001, 66)]
+    assert F.shaper_figures(tiny, None) == {}
+    # three full frames at each read is a queue: the same interval is judged
+    queued = [s._replace(backlog_bytes=3 * 1514) for s in tiny]
+    assert F.shaper_figures(queued, None)["wan/a>b"] == {"backlogged_s": 0.5,
+                                                         "delivered_ratio": 0.048}

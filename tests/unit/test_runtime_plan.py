@@ -105,6 +105,41 @@ def test_a_delay_increase_resizes_the_netem_limit_for_the_new_bdp():
         assert req["limit_pkts"] == net.channels[cid].impairment.limit_pkts
 
 
+def test_on_netem_the_delay_stage_is_the_root_and_the_shaper_its_child():
+    """netem 1: at the root, htb 2: its child, class 2:10, pfifo 20: of queue_pkts: the
+    class's backlog is what waits for the rate, never a packet held for its delay."""
+    from pyroute2.netlink.rtnl import TC_H_ROOT
+    from testbed.net import tc
+
+    for backend, want in ((Backend.NETEM, [("replace", "netem", "1:", TC_H_ROOT),
+                                           ("replace", "htb", "2:", "1:1"),
+                                           ("replace-class", "htb", "2:10", "2:"),
+                                           ("replace", "pfifo", "20:", "2:10")]),
+                          (Backend.USERSPACE, [("replace", "htb", "1:", TC_H_ROOT),
+                                               ("replace-class", "htb", "1:10", "1:"),
+                                               ("replace", "pfifo", "10:", "1:10")])):
+        net = FakeNet(TWO_DC, backend)
+        ch = net.channels["wan/a>b"]
+        tc.shape(FakeIPRoute(ch.node, net.calls), 7, ch, netem=backend is Backend.NETEM)
+        assert [(c, kw["kind"], kw["handle"], kw["parent"]) for _, _, c, kw in net.calls] == want
+        assert net.calls[-1][3]["limit"] == ch.queue_pkts
+        if backend is Backend.NETEM:
+            assert net.calls[0][3]["limit_pkts"] == ch.impairment.limit_pkts > ch.queue_pkts
+
+
+def test_a_delay_increase_on_netem_resizes_the_shapers_queue_and_the_stages_limit():
+    from pyroute2.netlink.rtnl import TC_H_ROOT
+
+    net = FakeNet(TWO_DC, Backend.NETEM)
+    before = net.channels["wan/a>b"]
+    runtime.set_link(net, "wan", delay_ms=4 * before.spec.delay_ms)
+    new = net.channels["wan/a>b"]
+    pfifos, stages = _leaves(net, "pfifo"), _leaves(net, "netem")
+    assert pfifos[(before.node, "2:10")]["limit"] == new.queue_pkts > 3 * before.queue_pkts
+    assert stages[(before.node, TC_H_ROOT)]["handle"] == "1:"
+    assert stages[(before.node, TC_H_ROOT)]["limit_pkts"] == new.impairment.limit_pkts
+
+
 def test_a_delay_change_on_one_wan_direction_resizes_the_other_directions_queue():
     net = FakeNet(TWO_DC, Backend.NETEM)
     ba_before = net.channels["wan/b>a"]

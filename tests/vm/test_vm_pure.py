@@ -10,7 +10,7 @@ import pytest
 from testbed.vm.guest import command_script
 from testbed.vm.initramfs import Cpio, init_scripts
 from testbed.vm.kernel import GuestKernel
-from testbed.vm.netem_check import judge, starting_rate_gbit
+from testbed.vm.netem_check import judge, shaper_rows, starting_rate_gbit
 
 
 def parse_newc(data: bytes) -> list[tuple[str, int, bytes]]:
@@ -107,3 +107,58 @@ def test_a_capped_runtime_change_is_looked_for_in_tc():
 ])
 def test_the_check_starts_below_what_the_guest_carries(capacity, expected):
     assert starting_rate_gbit(10.0, 100.0, capacity) == pytest.approx(expected)
+
+
+def _light(backlogs, reasons=()):
+    return {"phase": "light", "seconds": 6.0, "iperf_mbit": 20.0, "emulated_mbit": 100.0,
+            "reads": [(0.5 * i, b) for i, b in enumerate(backlogs)], "shapers": {},
+            "network_reasons": list(reasons)}
+
+
+def _saturated(ratio, backlogged_s=6.5):
+    return {"phase": "saturated", "seconds": 8.0, "iperf_mbit": 94.0, "emulated_mbit": 100.0,
+            "reads": [], "network_reasons": [],
+            "shapers": {"wan/a>b": {"backlogged_s": backlogged_s, "delivered_ratio": ratio}}}
+
+
+@pytest.mark.parametrize("ph, failing", [
+    (_light([0] * 10 + [1514] * 3), []),                  # a packet or two is not a queue
+    (_light([0] * 12 + [60_000]), []),                    # one read in 13 (<= 10%)
+    (_light([66, 111, 90, 3100, 50_000] * 3), ["wan a>b queued reads"]),  # 6 of 15
+    (_light([0] * 12, ["network: shaper wan/a>b delivered 0.1% of its rate over 37.4 s"]),
+     ["network verdict"]),
+    (_saturated(0.97), []),
+    (_saturated(1.06), ["wan a>b delivered"]),            # above the rate: the shaper leaks
+    (_saturated(0.94), ["wan a>b delivered"]),
+    (_saturated(0.99, backlogged_s=1.5), ["wan a>b delivered"]),  # too little to judge
+])
+def test_shaper_rows_judge_the_queue_the_rate_limiter_holds(ph, failing):
+    assert [r.name for r in shaper_rows(ph) if not r.passed] == failing
+
+
+def test_the_selftest_splits_each_verdict_into_network_compute_and_host(tmp_path):
+    from testbed.report.fidelity import by_part
+    from testbed.vm.selftest_summary import main
+
+    fid = {"verdict": "degraded", "reasons": [
+        "pdd: compute: p1 overran its modeled time by 3300.0% (99% of 40 steps)",
+        "cross-dc-pd: compute: router event loop lag p99 40.0 ms > 5 ms"]}
+    parts = by_part(fid)
+    assert {k: v["verdict"] for k, v in parts.items()} == {
+        "network": "faithful", "compute": "degraded", "host": "faithful"}
+    assert parts["compute"]["reasons"] == fid["reasons"]
+    net = {"verdict": "degraded", "reasons": [
+        "pdd: network: shaper wan/a>b delivered 0.1% of its rate over 37.401 s backlogged"]}
+    assert by_part(net)["network"]["verdict"] == "degraded"
+    assert by_part({"verdict": None})["network"]["verdict"] is None
+    (tmp_path / "g").mkdir()
+    (tmp_path / "g" / "summary.json").write_text(json.dumps({"fidelity": fid}))
+    import contextlib
+    import io
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert main(["--accel", "tcg", f"guest netem={tmp_path / 'g'}",
+                     f"host={tmp_path / 'missing'}"]) == 0
+    text = buf.getvalue()
+    assert "| network | faithful | - |" in text and "| compute | degraded | pdd: compute:" in text
+    assert "software emulation" in text and "host: no run" in text
