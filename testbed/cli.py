@@ -209,23 +209,13 @@ def _run_seeds(sc, args, out) -> int:
     (testbed/report/seeds.py). Exit 0 when every expectation holds over the seeds (on
     its median, or its interval where it says ``judged_on: interval``) and no run lost
     or duplicated a token, else 1."""
-    from testbed.report.seeds import seeds_markdown, seeds_table
+    from testbed.report.seeds import seeds_markdown
     from testbed.scenario.runner import run_scenario
-    from testbed.spec.scenario import with_seed
+    from testbed.scenario.seeds import run_seeds
 
-    seed0 = sc.seed if args.seed is None else args.seed
-    runs = []
     with out_dir_lock(out, "testbed run --seeds " + args.scenario):
-        for seed in range(seed0, seed0 + args.seeds):
-            d = out / f"seed-{seed}"
-            opts = dataclasses.replace(_run_options(args, d), seed=seed)
-            runs.append((f"seed {seed}", run_scenario(with_seed(sc, seed), opts)))
-    table = seeds_table(runs, judged_on={e.name: e.judged_on or "median"
-                                         for e in sc.expectations})
-    (out / "seeds.json").write_text(json.dumps({"scenario": sc.name, **table}, indent=1) + "\n")
-    text = seeds_markdown(sc.name, table)
-    (out / "seeds.md").write_text(text)
-    print(text + f"seeds: {out / 'seeds.md'}")
+        runs, table = run_seeds(sc, _run_options(args, out), args.seeds, run_scenario)
+    print(seeds_markdown(sc.name, table) + f"seeds: {out / 'seeds.md'}")
     verdicts = [x["passed_over_seeds"] for x in table["expectations"].values()]
     tokens = all(s["modes"][m].get("tokens_lost", 0) == 0 and
                  s["modes"][m].get("tokens_duplicated", 0) == 0
@@ -260,8 +250,13 @@ def cmd_suite(args) -> int:
             skipped = [*skipped, sc.name]
         scenarios = [sc for sc in scenarios if not unsupported(sc)]
     out = Path(args.out) if args.out else Path("runs") / f"suite-{time.strftime('%Y%m%d-%H%M%S')}"
+    run = runner.run_scenario
+    if args.seeds > 1:  # each scenario on N seeds, judged over them (testbed/scenario/seeds.py)
+        from testbed.scenario.seeds import seeds_run
+
+        run = seeds_run(args.seeds, run)
     with out_dir_lock(out, "testbed suite"):
-        suite = run_suite(scenarios, _run_options(args, out), runner.run_scenario,
+        suite = run_suite(scenarios, _run_options(args, out), run,
                           Path(args.junit) if args.junit else None, skipped)
     print(suite_overview(suite))
     print(f"suite: {out / 'suite.md'}" + (f", {args.junit}" if args.junit else ""))
@@ -778,6 +773,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run only this scenario (repeatable)")
     p.add_argument("--skip", action="append", default=[], metavar="NAME",
                    help="leave this scenario out (repeatable)")
+    p.add_argument("--seeds", type=int, default=1, metavar="N",
+                   help="run each scenario on N seeds (its own or --seed, and the next ones) "
+                   "into NAME/seed-K; the matrix judges each expectation over them (its "
+                   "median or its 95%% interval's conservative end) and shows the interval; "
+                   "NAME/seeds.md has every metric and ratio")
     _run_args(p)
     p.set_defaults(func=cmd_suite)
     p = sub.add_parser("crossval", help="the virtual clock against the emulator: each "

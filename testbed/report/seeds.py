@@ -191,3 +191,49 @@ def seeds_markdown(name: str, table: Mapping) -> str:
                        f"{_g(x['median'])} | {_ci(x['ci95'])} | {yn[x['bound_inside_ci']]} | "
                        f"{x['judged_on']} | {verdict} |")
     return "\n".join(out) + "\n"
+
+
+# what a mode's summary must hold at 0 in every run (testbed/scenario/suite.py's checks)
+ZERO_CHECKS = ("tokens_lost", "tokens_duplicated", "requests_mismatched", "requests_unrecorded")
+
+
+def seeds_summary(runs: Sequence[tuple[str, Mapping]], table: Mapping) -> dict:
+    """N seeds of one scenario as one summary.json-shaped dict, for the suite's matrix
+    (``testbed suite --seeds N``): per mode each metric's median over the runs, and the
+    most any run counted of the checks that must be 0; per expectation its median
+    as the value, the bound with how it was judged and its interval, and the verdict
+    over the seeds (``seeds_table``); ``passed`` when every expectation holds over the
+    seeds and no run lost, duplicated or mis-recorded a token; fidelity degraded when
+    any run was, with each run's reasons under its label."""
+    summaries = [s for _, s in runs]
+    modes: dict[str, dict] = {}
+    for s in summaries:
+        for mode, m in (s.get("modes") or {}).items():
+            for k, v in m.items():
+                if _num(v) is not None:
+                    modes.setdefault(mode, {}).setdefault(k, []).append(_num(v))
+    modes = {mode: {k: (max(v) if k in ZERO_CHECKS else statistics.median(v))
+                    for k, v in m.items()} for mode, m in modes.items()}
+    n = len(runs)
+    exps = []
+    for name, x in (table.get("expectations") or {}).items():
+        ci = x.get("ci95")
+        exps.append({"name": name, "value": x.get("median"),
+                     "bound": f"{x['bound']} over {n} seeds, on the {x['judged_on']}"
+                              + (f" (95% CI {_ci(ci)}; {x['passed']}/{x['runs']} runs passed)"
+                                 if ci else f" ({x['passed']}/{x['runs']} runs passed)"),
+                     "passed": x.get("passed_over_seeds") is not False})
+    zero = all(m.get(k, 0) == 0 for m in modes.values() for k in ZERO_CHECKS)
+    verdicts = [(s.get("fidelity") or {}).get("verdict") for s in summaries]
+    fid = None
+    if any(v is not None for v in verdicts):
+        fid = {"verdict": "degraded" if "degraded" in verdicts else "faithful",
+               "policy": (summaries[0].get("fidelity") or {}).get("policy"),
+               "reasons": [f"{label}: {r}" for label, s in runs
+                           for r in (s.get("fidelity") or {}).get("reasons") or []],
+               "host_steal": None}
+    first = summaries[0] if summaries else {}
+    return {"seeds": n, "labels": [label for label, _ in runs], "clock": table.get("clock"),
+            "backend": first.get("backend"), "scale": first.get("scale"), "modes": modes,
+            "expectations": exps, "fidelity": fid,
+            "passed": zero and all(e["passed"] for e in exps)}

@@ -157,6 +157,7 @@ class ScenarioResult:
     checks: list[dict] = field(default_factory=list)  # the matrix rows
     error: dict | None = None    # {"type", "message", "traceback"} when the run raised
     fidelity: dict | None = None  # {"verdict", "policy", "reasons", "host_steal"} (summary.json's)
+    seeds: int | None = None     # suite --seeds N: judged over N seeds (NAME/seeds.md)
 
     def as_dict(self) -> dict:
         return {**self.__dict__, "wall_s": round(self.wall_s, 3)}
@@ -236,7 +237,7 @@ def finished(sc: Scenario, out_dir: Path, summary: Mapping, wall_s: float) -> Sc
                           modes, rows,
                           fidelity={k: fid.get(k) for k in ("verdict", "policy", "reasons",
                                                             "host_steal")}
-                          if fid else None)
+                          if fid else None, seeds=summary.get("seeds"))
 
 
 def crashed(sc: Scenario, out_dir: Path, exc: Exception, wall_s: float) -> ScenarioResult:
@@ -329,8 +330,11 @@ def _steal(fid: Mapping | None) -> str | None:
 
 
 def _scenario_md(r: ScenarioResult) -> list[str]:
+    where = (f"{r.seeds} seeds in `{r.out_dir}` (seed-K/report.md; every metric and ratio "
+             f"with its interval in seeds.md); values are medians over the seeds"
+             if r.seeds else f"run directory `{r.out_dir}` (report.md there)")
     lines = ["", f"## {r.name}: {r.verdict} ({r.wall_s:.1f} s)", "",
-             f"File `{r.file}`, run directory `{r.out_dir}` (report.md there)"
+             f"File `{r.file}`, {where}"
              + (f"; backend {r.backend}, k={_fmt(r.scale)}" if r.backend else "") + "."]
     if r.error:
         lines += ["", f"{r.error['type']}: {r.error['message']}"]

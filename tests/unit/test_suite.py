@@ -397,3 +397,35 @@ def test_the_hypervisors_steal_shows_beside_a_degraded_verdict(tmp_path):
     md = suite_md(Suite(tmp_path, [sc.name], results=[r]))
     assert f"| {sc.name} | passed | degraded | 4.4% (worst 21%) | 30.0 |" in md
     assert "- note: host: the hypervisor took 4.4% of the cores' time in pdd" in md
+
+
+def test_suite_seeds_judges_each_expectation_over_the_seeds(tmp_path, monkeypatch):
+    """--seeds 3: each scenario on seeds S, S+1, S+2 into NAME/seed-K, judged on the
+    median (the scenario's default): one failing seed of three passes, a token lost on
+    any seed fails; NAME/seeds.md is written; the matrix shows the interval."""
+    d = tmp_path / "sc"
+    for name in ("s1", "s2"):
+        scenario_yaml(d, name, seed=5)
+    ratio = {5: 0.5, 6: 0.9, 7: 0.6}   # the pdd p90 against the baseline's 0.8
+
+    def fake(sc, opts):
+        r = ratio[opts.seed]
+        lost = 3 if sc.name == "s2" and opts.seed == 7 else 0
+        s = summary(sc.name, ratio_passed=r <= 0.8, pdd={"ttft_p90_s": 0.8 * r,
+                                                         "tokens_lost": lost})
+        s["expectations"][1]["value"] = r
+        calls.append((sc.name, opts.seed, opts.out_dir.name, sc.seed))
+        return s
+    calls: list = []
+    monkeypatch.setattr(runner, "run_scenario", fake)
+    out = tmp_path / "out"
+    assert cli.main(["suite", str(d), "--out", str(out), "--seeds", "3"]) == 1
+    assert calls[:3] == [("s1", 5, "seed-5", 5), ("s1", 6, "seed-6", 6), ("s1", 7, "seed-7", 7)]
+    doc = json.loads((out / "suite.json").read_text())
+    s1, s2 = doc["scenarios"]
+    assert (s1["verdict"], s1["seeds"], s2["verdict"]) == ("passed", 3, "failed")
+    row = next(c for c in s1["checks"] if c["name"] == "ttft tail cut")
+    assert row["value"] == pytest.approx(0.6) and row["passed"]
+    assert "over 3 seeds, on the median (95% CI [" in row["bound"] and "2/3 runs" in row["bound"]
+    assert any("tokens_lost" in why for why in s2["reasons"])
+    assert (out / "s1" / "seeds.md").is_file() and "seeds.md" in (out / "suite.md").read_text()
