@@ -11,8 +11,8 @@ from statistics import mean, median
 from typing import Mapping
 
 from testbed.decision import Decision
-from testbed.report.capacity import (CapacityConfig, Prices, capacities_from_cost_model,
-                                     compare_fleets, size_fleets)
+from testbed.report.capacity import (CapacityConfig, Fleet, Prices,
+                                     capacities_from_cost_model, compare_fleets, size_fleets)
 from testbed.report.claims import (DIFFERS, NOT_HERE, REPRODUCED, Claim, _fmt, _missing, _pick,
                                    _span_s, change_pct, change_verdict, conditions, kind_of,
                                    pdd_settings)
@@ -82,7 +82,34 @@ def claim_goodput(runs, bench) -> Claim:
 
 
 # -- 7. benefit-cost ratio and hardware ---------------------------------------
+# The same-DC baseline of the paper-scale fleet's own size (88 GPU-A), run beside
+# paper-sweep: where it ran, claim 7 sets pdd against it and costs both fleets as run.
+SAME_DC_SLOT = "paper-samedc"
+
+
+def fleet_of(run: RunData, kind: str, n_chips: int) -> Fleet:
+    """The chips a mode of ``kind`` runs on in ``run``'s topology (metadata.json), each
+    instance ``n_chips`` chips: P and RLD on GPU-A, MD on GPU-B and one WAN line for
+    the modes that decode across it; same-dc-pd: its P and decoders (RLD hosts) only."""
+    hosts = [h for dc in (run.metadata.get("topology") or {}).get("datacenters") or ()
+             for h in dc.get("hosts") or ()]
+    count = {r: sum(r in (h.get("roles") or ()) for h in hosts)
+             for r in ("prefill", "relay_decode", "main_decode")}
+    a = (count["prefill"] + count["relay_decode"]) * n_chips
+    if kind == "same-dc-pd":
+        return Fleet(a, 0, 0, {"P": count["prefill"] * n_chips,
+                               "D": count["relay_decode"] * n_chips})
+    return Fleet(a, count["main_decode"] * n_chips, 1,
+                 {"P": count["prefill"] * n_chips, "RLD": count["relay_decode"] * n_chips,
+                  "MD": count["main_decode"] * n_chips})
+
+
 def claim_bcr(runs, bench, cfg: CapacityConfig | None = None) -> Claim:
+    """Goodput at the knee, pdd / same-dc-pd, over the cost ratio of the two fleets.
+    With the paper-scale sweep and its same-DC slot (``SAME_DC_SLOT``: 88 GPU-A), the
+    baseline's goodput is that slot's and each fleet is costed as it ran; otherwise
+    same-dc-pd is the sweep's own (on the topology's RLDs) and the fleets are the ones
+    `testbed capacity` sizes for the paper's workload."""
     key, title = "7", "BCR vs same-DC homogeneous PD; fleet and cost"
     pub = "BCR +37.5%; 43 GPU-A + 32 GPU-B + 1 WAN line vs 88 GPU-A; cost -3.5% to -7.1%"
     slot, run, names = _pick(runs, LOAD_SLOTS, ["pdd", "same-dc-pd"])
@@ -90,11 +117,18 @@ def claim_bcr(runs, bench, cfg: CapacityConfig | None = None) -> Claim:
         return _missing(key, title, pub, LOAD_SLOTS)
     knee = knee_goodput(run)
     p, s = knee.get("pdd"), knee.get("same-dc-pd")
+    own = runs.get(SAME_DC_SLOT) if slot == "paper-sweep" else None
+    own_knee = own is not None and knee_goodput(own).get("same-dc-pd")
+    if own_knee:
+        s = own_knee
     ratio = p[1] / s[1] if p and s and s[1] else None
     share = (runs.get("headline") and _rld_share(runs["headline"])) or 0.062
     cfg = cfg or CapacityConfig()
-    caps = capacities_from_cost_model(cfg.workload, cfg.chip_a, cfg.chip_b, cfg.n_chips)
-    pdd, base = size_fleets(cfg.workload, caps, share, cfg.wan_line_gbit)
+    if own_knee:
+        pdd, base = fleet_of(run, "pdd", cfg.n_chips), fleet_of(own, "same-dc-pd", cfg.n_chips)
+    else:
+        caps = capacities_from_cost_model(cfg.workload, cfg.chip_a, cfg.chip_b, cfg.n_chips)
+        pdd, base = size_fleets(cfg.workload, caps, share, cfg.wan_line_gbit)
     rows = [compare_fleets(pdd, base, Prices(cfg.gpu_a_price, pb, cfg.wan_line_price), ratio)
             for pb in cfg.gpu_b_prices]
     best = max((r["bcr_change_pct"] for r in rows if r["bcr_change_pct"] is not None),
@@ -102,16 +136,25 @@ def claim_bcr(runs, bench, cfg: CapacityConfig | None = None) -> Claim:
     fig = {"goodput_ratio": ratio, "rld_token_share": share, "bcr_change_pct": best,
            "fleet_pdd": [pdd.gpu_a, pdd.gpu_b, pdd.wan_lines], "fleet_base": base.gpu_a,
            "cost_change_pct": [r["cost_change_pct"] for r in rows],
-           "gpu_b_prices": list(cfg.gpu_b_prices)}
+           "gpu_b_prices": list(cfg.gpu_b_prices),
+           "fleets": "as run" if own_knee else "planned",
+           "base_slot": SAME_DC_SLOT if own_knee else slot,
+           "pdd_knee": p and list(p), "base_knee": s and list(s)}
     costs = " to ".join(f"{c:+.1f}%" for c in fig["cost_change_pct"])
+    how = "as run" if own_knee else "plan"
     measured = (f"BCR {_fmt(best, pct=True)} (measured goodput x{_fmt(ratio)} vs same-dc-pd); "
-                f"plan {pdd.gpu_a} GPU-A + {pdd.gpu_b} GPU-B + {pdd.wan_lines} WAN line(s) vs "
+                f"{how} {pdd.gpu_a} GPU-A + {pdd.gpu_b} GPU-B + {pdd.wan_lines} WAN line(s) vs "
                 f"{base.gpu_a} GPU-A, cost {costs}")
     verdict, why = change_verdict(37.5, best)
-    why = (f"BCR: {why}; fleets sized by the cost model for "
-           f"{cfg.workload.demand_rps:g} req/s at RLD share {share:.3g}, GPU-B at "
-           f"{'/'.join(f'{x:g}' for x in cfg.gpu_b_prices)} x GPU-A "
-           "(testbed capacity)")
+    prices = f"GPU-B at {'/'.join(f'{x:g}' for x in cfg.gpu_b_prices)} x GPU-A"
+    if own_knee:
+        why = (f"BCR: {why}; each fleet costed as it ran ({slot}'s pdd on {pdd.gpu_a} GPU-A + "
+               f"{pdd.gpu_b} GPU-B + 1 line, {SAME_DC_SLOT}'s same-dc-pd on {base.gpu_a} "
+               f"GPU-A), {prices}")
+    else:
+        why = (f"BCR: {why}; fleets sized by the cost model for "
+               f"{cfg.workload.demand_rps:g} req/s at RLD share {share:.3g}, {prices} "
+               "(testbed capacity)")
     return Claim(key, title, pub, measured, verdict, why, conditions(run, names["pdd"]), fig)
 
 

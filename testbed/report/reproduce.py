@@ -77,6 +77,7 @@ FULL = (
 # two cores cannot run in real time; its claims take these slots before any other
 PAPER_SCALE = (
     Slot("paper-sweep", "scenarios/paper/paper-scale-sweep.yaml", "2 6 7 8"),
+    Slot("paper-samedc", "scenarios/paper/paper-scale-samedc.yaml", "7"),
     Slot("paper-bathtub", "scenarios/paper/paper-scale-bathtub.yaml", "9"),
 )
 # --quick: 8 modes and 10 bench trials. A mode costs ~50 s of start-up, warm-up and

@@ -276,6 +276,36 @@ def test_bcr_uses_the_measured_goodput(tmp_path):
     assert len(c.figures["cost_change_pct"]) == 2  # GPU-B at 1.2 and 1.3 x GPU-A
 
 
+def _with_hosts(run_dir: Path, roles: dict[str, int]) -> None:
+    """Give a written run's metadata a topology with ``roles[r]`` hosts of each role."""
+    meta = json.loads((run_dir / "metadata.json").read_text())
+    hosts = [{"name": f"{r}{i}", "roles": [r]} for r, n in roles.items() for i in range(n)]
+    meta["topology"] = {"wan": WAN, "datacenters": [{"name": "a", "hosts": hosts}]}
+    (run_dir / "metadata.json").write_text(json.dumps(meta))
+
+
+def test_bcr_against_a_same_dc_baseline_of_its_own_size_costs_the_fleets_as_run(tmp_path):
+    """paper-sweep with paper-samedc beside it: the baseline's goodput is the same-DC
+    slot's, and each fleet is costed from its topology (4 chips an instance)."""
+    d = sweep(tmp_path, {"pdd": [5, 9, 6], "cross-dc-pd": [5, 7, 4], "same-dc-pd": [9, 9, 9]})
+    d.rename(tmp_path / "paper-sweep")
+    _with_hosts(tmp_path / "paper-sweep", {"prefill": 9, "relay_decode": 2, "main_decode": 8})
+    assert claim_bcr(runs_of(tmp_path), None).figures["fleets"] == "planned"  # no same-DC slot
+    own = sweep(tmp_path / "o", {"same-dc-pd": [5, 6, 4]})
+    own.rename(tmp_path / "paper-samedc")
+    _with_hosts(tmp_path / "paper-samedc", {"prefill": 9, "relay_decode": 13, "main_decode": 1})
+    c = claim_bcr(runs_of(tmp_path), None)
+    f = c.figures
+    assert (f["fleets"], f["base_slot"]) == ("as run", "paper-samedc")
+    assert f["goodput_ratio"] == pytest.approx(9 / 6)  # not the sweep's same-dc-pd (9)
+    assert f["fleet_pdd"] == [44, 32, 1] and f["fleet_base"] == 88  # the idle MD is not costed
+    # cost at GPU-B 1.2 x GPU-A and a line at 0.333: (44 + 38.4 + 0.333) / 88
+    cost = (44 + 32 * 1.2 + 0.333) / 88
+    assert f["cost_change_pct"][0] == pytest.approx(100 * (cost - 1), abs=0.05)
+    assert f["bcr_change_pct"] == pytest.approx(100 * (1.5 / cost - 1), abs=0.1)
+    assert "costed as it ran" in c.reason
+
+
 def test_p_rld_collapse(tmp_path):
     headline(tmp_path / "a", prld_e2e_extra=0.2)  # e2e 0.5+15x0.25 vs 0.5+15x0.05
     c = claim_p_rld(runs_of(tmp_path / "a"), None)
