@@ -85,9 +85,6 @@ class PcapAnalysis:
     def retransmits(self) -> int:
         return sum(f.retransmits for f in self.flows.values())
 
-    def rtt_samples_ms(self) -> list[float]:
-        return [x for f in self.flows.values() for x in f.rtt_ms]
-
 
 @dataclass
 class _Dir:

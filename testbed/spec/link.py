@@ -3,8 +3,7 @@
 Owns ``parse_link`` and ``parse_loss``: a YAML mapping -> ``LinkSpec`` /
 ``LossSpec``, naming the YAML field of any value the types refuse. The
 types themselves, their rules and the lists of jitter distributions and
-loss models are testbed/impairment.py's (re-exported here, so
-``from testbed.spec.link import LinkSpec`` keeps working). Units are in the
+loss models are testbed/impairment.py's (import them from there). Units are in the
 field names; delay_ms is one way. Pure: it checks values, never touches the
 kernel.
 
@@ -19,11 +18,10 @@ from __future__ import annotations
 
 from testbed.errors import SpecError
 from testbed.impairment import (JITTER_DISTRIBUTIONS, LOSS_MODELS, MAX_DELAY_MS, MAX_RATE_GBIT,
-                                NO_LOSS, LinkSpec, LossSpec, check_delay_stage)
+                                LinkSpec, LossSpec)
 from testbed.reader import Fields
 
-__all__ = ["JITTER_DISTRIBUTIONS", "LOSS_MODELS", "MAX_DELAY_MS", "MAX_RATE_GBIT", "NO_LOSS",
-           "LinkSpec", "LossSpec", "check_delay_stage", "parse_link", "parse_loss"]
+__all__ = ["parse_link", "parse_loss"]
 
 _PCT = dict(lo=0.0, hi=100.0, unit="percent")
 

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from testbed.errors import SpecError
-from testbed.spec.link import LinkSpec, parse_link
+from testbed.impairment import LinkSpec
+from testbed.spec.link import parse_link
 from testbed.reader import Fields, load_yaml
 
 IFNAMSIZ = 15  # usable characters in a Linux interface name

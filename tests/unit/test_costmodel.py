@@ -1,4 +1,4 @@
-"""Cost model: monotonicity, orders of magnitude against the paper (docs/paper.md), BatchClock."""
+"""Cost model: monotonicity, orders of magnitude against the paper (docs/paper.md)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from testbed.pdd.compute.costmodel import (
-    BIG_MODEL, GPU_A, GPU_B, BatchClock, ChipProfile, CostModel, ModelProfile,
+    BIG_MODEL, GPU_A, GPU_B, ChipProfile, CostModel, ModelProfile,
 )
 
 P = CostModel(GPU_A)   # prefill / RLD instance
@@ -91,22 +91,3 @@ def test_custom_profiles():
     slow = ChipProfile("slow", peak_tflops=100.0, mem_bw_tbs=1.0)
     small = ModelProfile(n_params=7e9, n_layers=32, d_attn=4096, kv_bytes_per_token=10_000)
     assert CostModel(slow, small).decode_step_s(1, 1000) < CostModel(slow).decode_step_s(1, 1000)
-
-
-def test_batch_clock_tracks_the_active_batch():
-    clock = BatchClock(MD)
-    assert clock.step_s() == 0.0
-    clock.add("a", K64)
-    clock.add("b", 1000)
-    assert len(clock) == 2 and "a" in clock and clock.total_context == K64 + 1000
-    assert clock.step_s() == pytest.approx(MD.decode_step_s(2, K64 + 1000))
-    assert clock.step_s() == pytest.approx(MD.pass_s([(1, K64), (1, 1000)]))
-    with_handoff = clock.step_s(extends=[(100, 2 * K64)])
-    assert with_handoff > clock.step_s()
-    clock.advance()
-    assert clock.context("a") == K64 + 1 and clock.total_context == K64 + 1002
-    clock.set_context("b", 1100)
-    clock.remove("a")
-    assert clock.step_s() == pytest.approx(MD.decode_step_s(1, 1100))
-    with pytest.raises(ValueError):
-        clock.add("b", 5)

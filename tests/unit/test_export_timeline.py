@@ -10,7 +10,7 @@ from testbed.export import units
 from testbed.export.chaos import ChaosContext, workflow
 from testbed.export.timeline import Direction, Step, translate
 from testbed.spec.faults import FaultSpec
-from testbed.spec.link import LinkSpec, LossSpec
+from testbed.impairment import LinkSpec, LossSpec
 from testbed.spec.topology import WanSpec
 
 WAN = WanSpec("10.0.0.0/29", LinkSpec(10.0, 20.0), LinkSpec(10.0, 20.0))

@@ -79,7 +79,7 @@ def test_runner_and_collector_events_read_the_same_for_the_report():
     recorded = []
     events = type("E", (), {"record": lambda self, kind, **kw: recorded.append(
         {"t_mono": 20.0, "kind": kind, **kw})})()
-    from testbed.spec.link import LinkSpec
+    from testbed.impairment import LinkSpec
     wan = type("C", (), {"link": "wan", "id": "wan/a>b", "spec": LinkSpec(10.0)})()
     net = type("N", (), {"channels": {"wan/a>b": wan}, "events": events})()
     roles = type("R", (), {"kill": lambda *a: None, "restart": lambda *a: None})()
@@ -136,7 +136,8 @@ def test_duplicate_is_a_netem_field_of_the_exported_wan():
 
 
 def test_a_link_can_duplicate_from_the_topology_on():
-    from testbed.spec.link import LinkSpec, parse_link
+    from testbed.impairment import LinkSpec
+    from testbed.spec.link import parse_link
 
     link = parse_link(Fields({"rate_gbit": 10, "delay_ms": 5, "duplicate_pct": 1}, "t.yaml", "wan.link"))
     assert link.duplicate_pct == 1.0

@@ -48,14 +48,6 @@ EXCEPTIONS = {
 }
 ONLY_THROUGH_MODULE = {("report/capacity.py", "pdd"): "pdd.compute.costmodel",
                        ("report/pcap.py", "pdd"): "pdd.wire.protocol"}
-ONLY_THROUGH: dict[tuple[str, str], str] = {}
-FUNCTION_LEVEL_ONLY: set[tuple[str, str]] = set()  # (package, target) imported inside functions only
-
-
-def _top_level(path: Path) -> set[int]:
-    """Line numbers of the module-level import statements."""
-    return {n.lineno for n in ast.parse(path.read_text()).body
-            if isinstance(n, (ast.Import, ast.ImportFrom))}
 
 
 def _imports(path: Path) -> list[tuple[str, int]]:
@@ -84,13 +76,11 @@ def violations() -> list[str]:
             continue
         assert pkg in MAY_IMPORT, f"testbed/{pkg} has no row in the import rules"
         allowed = MAY_IMPORT[pkg] | EXCEPTIONS.get(rel, set())
-        top = _top_level(path)
         for name, line in _imports(path):
             target = name.split(".")[1]
-            through = ONLY_THROUGH.get((pkg, target)) or ONLY_THROUGH_MODULE.get((rel, target))
+            through = ONLY_THROUGH_MODULE.get((rel, target))
             if target != pkg and (target not in allowed
-                                  or through and not name.startswith("testbed." + through)
-                                  or (pkg, target) in FUNCTION_LEVEL_ONLY and line in top):
+                                  or through and not name.startswith("testbed." + through)):
                 found.append(f"testbed/{rel}:{line} imports {name}")
     return found
 

@@ -256,7 +256,7 @@ def test_the_encoder_takes_the_spec_validated_stage_and_applies_tcs_table_rule()
     from testbed.errors import SpecError
     from testbed.net.encoders import netem_params
     from testbed.net.plan import Impairment
-    from testbed.spec.link import NO_LOSS, LinkSpec
+    from testbed.impairment import NO_LOSS, LinkSpec
 
     with pytest.raises(SpecError, match="reorder_pct"):
         LinkSpec(10.0, reorder_pct=5)  # reordering needs a delay: the spec says so, once

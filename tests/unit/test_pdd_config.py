@@ -8,8 +8,8 @@ import json
 import pytest
 
 from testbed.errors import ProtocolError, SpecError
-from testbed.pdd.run.config import (ClusterConfig, HandoffMode, Mode, config_to_dict, load_config,
-                                parse_config)
+from testbed.pdd.run.config import ClusterConfig, config_to_dict, load_config, parse_config
+from testbed.types import HandoffMode, Mode
 from testbed.pdd.wire.kvpayload import chunk_frame_bytes, decode_kv, encode_kv, kv_chunk
 from testbed.pdd.compute.model import ModelConfig, build_model
 from testbed.pdd.wire.protocol import HEADER_SIZE, Frame, FrameDecoder, encode_frame

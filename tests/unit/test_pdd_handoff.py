@@ -7,7 +7,7 @@ import random
 import pytest
 
 from testbed.errors import ProtocolError
-from testbed.pdd.run.config import HandoffMode
+from testbed.types import HandoffMode
 from testbed.pdd.roles.handoff import HandoffBatch, MainHandoff, RelayHandoff, RelayPhase
 
 ONE, CATCH = HandoffMode.ONE_SHOT, HandoffMode.CATCH_UP

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from testbed.pdd.run.config import Mode, Pipeline, RouterConfig, TimingConfig
+from testbed.pdd.run.config import RouterConfig, TimingConfig
+
+from testbed.types import Mode, Pipeline
 from testbed.pdd.compute.costmodel import GPU_A, CostModel
 from testbed.pdd.compute.radix import RadixCache
 from testbed.pdd.roles.routing import PrefixMirror, RldBudget, RouteInputs, choose_pipeline

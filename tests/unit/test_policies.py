@@ -16,8 +16,8 @@ from testbed.errors import SpecError
 from testbed.pdd.policy import (BUILTIN, Candidates, DecoderCandidate, PCandidate, Placement,
                                 RouteInputs, default_placement, load_policy)
 from testbed.pdd.roles.router import Routed, RouterNode
-from testbed.pdd.run.config import (Mode, Pipeline, RouterConfig, TimingConfig, config_to_dict,
-                                    parse_config)
+from testbed.pdd.run.config import RouterConfig, TimingConfig, config_to_dict, parse_config
+from testbed.types import Mode, Pipeline
 from testbed.pdd.wire.protocol import Error, Report, Request, Role
 from testbed.scenario.policies import check_policies
 from testbed.spec.scenario import parse_scenario

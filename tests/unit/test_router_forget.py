@@ -11,7 +11,7 @@ import asyncio
 from test_policies import router_with
 
 from testbed.pdd.roles.router import Routed
-from testbed.pdd.run.config import Pipeline
+from testbed.types import Pipeline
 from testbed.pdd.wire.protocol import Done, FinishReason, Report, Role
 
 

@@ -99,7 +99,7 @@ def test_a_round_takes_frames_only_from_the_connections_it_was_routed_over():
     first connection."""
     from testbed.pdd.roles.peers import Peer
     from testbed.pdd.roles.router import Routed
-    from testbed.pdd.run.config import Pipeline
+    from testbed.types import Pipeline
     from testbed.pdd.wire.fields import Role
 
     p, rld = Peer(_Conn(), Role.PREFILL, "p0", True), Peer(_Conn(), Role.RELAY_DECODE, "rld0", True)

@@ -20,7 +20,7 @@ from testbed.net.events import EventLog
 from testbed.net.shaping import Backend
 from testbed.scenario.faults import actions_for
 from testbed.spec.faults import FaultSpec
-from testbed.spec.link import LossSpec
+from testbed.impairment import LossSpec
 from testbed.spec.topology import WanSpec, load_topology
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -235,7 +235,7 @@ def test_a_restart_fault_kills_then_starts_the_same_instance_after_down_s():
     from testbed.spec.faults import FaultSpec
 
     calls, events = [], []
-    from testbed.spec.link import LinkSpec
+    from testbed.impairment import LinkSpec
     channel = SimpleNamespace(link="wan", id="wan", spec=LinkSpec(10.0, 20.0))
     net = SimpleNamespace(channels={"wan": channel}, events=SimpleNamespace(
         record=lambda kind, **kw: events.append(kind)))

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from testbed.errors import SpecError
-from testbed.spec.link import LossSpec
+from testbed.impairment import LossSpec
 from testbed.reader import load_yaml
 from testbed.spec.topology import Role, load_topology, parse_topology
 

@@ -11,8 +11,7 @@ makes the tokens; the times come from here:
   ``n_chips`` chips: ``overhead + max(FLOPs / compute, bytes / bandwidth)``.
   Prefill, a continuous-batching decode step and MD's extend-decode are all
   such passes, differing in how many tokens go in and how much KV is read.
-- ``BatchClock``: the active requests of one decode instance and the modeled
-  time of its next step.
+  The decode loop (``testbed.pdd.compute.decoder``) asks it for each step's time.
 
 Pure arithmetic. Pacing a role to these times is ``testbed.pdd.compute.pacing``.
 
@@ -162,63 +161,3 @@ class CostModel:
         Example: ``CostModel(GPU_B).extend_s(100, 65536)`` (MD's handoff recompute).
         """
         return self.pass_s([(n_tokens, n_context)])
-
-
-class BatchClock:
-    """The active requests of one decode instance and the modeled time of its next step.
-
-    Lifecycle: ``add`` a request with its cached context when it joins the
-    batch, ask ``step_s()`` for the next step's time, call ``advance()`` after
-    the step (every context grows by one token), ``remove`` it when done.
-    Example::
-
-        clock = BatchClock(CostModel(GPU_B))
-        clock.add("r1", 65536)
-        dt = clock.step_s(extends=[(100, 65536)])  # a handoff folded into this step
-        clock.advance()
-    """
-
-    def __init__(self, cost: CostModel):
-        self.cost = cost
-        self._context: dict[str, int] = {}
-
-    def __len__(self) -> int:
-        return len(self._context)
-
-    def __contains__(self, req_id: object) -> bool:
-        return req_id in self._context
-
-    def add(self, req_id: str, context_tokens: int) -> None:
-        if req_id in self._context:
-            raise ValueError(f"request {req_id!r} is already in the batch")
-        if context_tokens < 0:
-            raise ValueError(f"negative context {context_tokens}")
-        self._context[req_id] = context_tokens
-
-    def remove(self, req_id: str) -> None:
-        del self._context[req_id]
-
-    def set_context(self, req_id: str, context_tokens: int) -> None:
-        """Overwrite one request's context (e.g. after an extend added n tokens)."""
-        if req_id not in self._context:
-            raise KeyError(req_id)
-        self._context[req_id] = context_tokens
-
-    def context(self, req_id: str) -> int:
-        return self._context[req_id]
-
-    @property
-    def total_context(self) -> int:
-        return sum(self._context.values())
-
-    def step_s(self, extends: Iterable[tuple[int, int]] = ()) -> float:
-        """Modeled time of the next step; ``extends`` are extra ``(n_tokens, context)`` segments."""
-        extra = list(extends)
-        if not extra:
-            return self.cost.decode_step_s(len(self._context), self.total_context)
-        return self.cost.pass_s([(1, c) for c in self._context.values()] + extra)
-
-    def advance(self, n_tokens: int = 1) -> None:
-        """Every active request's context grows by n_tokens (one decode step each)."""
-        for req_id in self._context:
-            self._context[req_id] += n_tokens

@@ -5,7 +5,8 @@ requests as every built-in (``base.guard``)."""
 from __future__ import annotations
 
 from testbed.pdd.policy.base import Policy, RouteDecision, RouteInputs, guard
-from testbed.pdd.run.config import Pipeline, RouterConfig, TimingConfig
+from testbed.pdd.run.config import RouterConfig, TimingConfig
+from testbed.types import Pipeline
 
 
 class AlwaysRelay(Policy):

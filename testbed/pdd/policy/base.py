@@ -35,7 +35,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from testbed.pdd.run.config import Pipeline, RouterConfig, TimingConfig
+from testbed.pdd.run.config import RouterConfig, TimingConfig
+
+from testbed.types import Pipeline
 
 POLICY_BUDGET_S = 0.001  # a decision over this is logged (the router serves every request)
 

@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 from testbed.pdd.policy.base import Policy, RouteDecision, RouteInputs
-from testbed.pdd.run.config import Pipeline, RouterConfig, TimingConfig
+from testbed.pdd.run.config import RouterConfig, TimingConfig
+from testbed.types import Pipeline
 
 
 class CrossDcPd(Policy):

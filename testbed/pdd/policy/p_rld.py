@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from testbed.pdd.policy.base import Policy, RouteDecision, RouteInputs, guard
 from testbed.pdd.policy.pdd import anomalous, short_transfer
-from testbed.pdd.run.config import Pipeline, RouterConfig, TimingConfig
+from testbed.pdd.run.config import RouterConfig, TimingConfig
+from testbed.types import Pipeline
 
 
 class PRld(Policy):

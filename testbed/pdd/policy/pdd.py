@@ -21,7 +21,8 @@ rest ``rld-only`` with no room check.
 from __future__ import annotations
 
 from testbed.pdd.policy.base import Policy, RouteDecision, RouteInputs, guard
-from testbed.pdd.run.config import Pipeline, RouterConfig, TimingConfig
+from testbed.pdd.run.config import RouterConfig, TimingConfig
+from testbed.types import Pipeline
 
 
 def short_transfer(inp: RouteInputs, cfg: RouterConfig) -> tuple[RouteDecision | None, str]:

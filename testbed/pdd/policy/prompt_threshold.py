@@ -6,7 +6,8 @@ threshold t, applied to the relay: no WAN model, no margin."""
 from __future__ import annotations
 
 from testbed.pdd.policy.base import Policy, RouteDecision, RouteInputs, guard
-from testbed.pdd.run.config import Pipeline, RouterConfig, TimingConfig
+from testbed.pdd.run.config import RouterConfig, TimingConfig
+from testbed.types import Pipeline
 
 
 class PromptThreshold(Policy):

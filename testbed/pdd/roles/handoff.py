@@ -39,7 +39,7 @@ import enum
 from dataclasses import dataclass, field
 
 from testbed.errors import ProtocolError
-from testbed.pdd.run.config import HandoffMode
+from testbed.types import HandoffMode
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,8 @@ import functools
 from dataclasses import dataclass, field
 
 from testbed import clock
-from testbed.pdd.run.config import ClusterConfig, Pipeline
+from testbed.pdd.run.config import ClusterConfig
+from testbed.types import Pipeline
 from testbed.pdd.compute.decoder import Emitted, Seq
 from testbed.pdd.roles.handoff import MainHandoff
 from testbed.pdd.compute.engine import Cache

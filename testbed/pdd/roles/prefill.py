@@ -53,7 +53,8 @@ import asyncio
 from dataclasses import dataclass, field
 
 from testbed import clock
-from testbed.pdd.run.config import ClusterConfig, Pipeline
+from testbed.pdd.run.config import ClusterConfig
+from testbed.types import Pipeline
 from testbed.pdd.compute.decoder import warm_model
 from testbed.pdd.wire.kvpayload import chunk_frame_bytes, kv_chunk
 from testbed.pdd.compute.engine import Cache, argmax

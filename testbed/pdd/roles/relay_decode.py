@@ -27,7 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from testbed import clock
-from testbed.pdd.run.config import ClusterConfig, Pipeline
+from testbed.pdd.run.config import ClusterConfig
+from testbed.types import Pipeline
 from testbed.pdd.compute.decoder import Emitted, Seq
 from testbed.pdd.roles.handoff import HandoffBatch, RelayHandoff, RelayPhase
 from testbed.pdd.compute.engine import Cache

@@ -59,7 +59,8 @@ from typing import Sequence
 
 from testbed import clock
 from testbed.decision import Decision, Reserve, Routing
-from testbed.pdd.run.config import ClusterConfig, Mode, Pipeline
+from testbed.pdd.run.config import ClusterConfig
+from testbed.types import Mode, Pipeline
 from testbed.pdd.roles.peers import Peer, RoleServer
 from testbed.pdd.wire.protocol import (Bind, Cancel, Done, Error, ErrorCode, FinishReason, Frame,
                                        Handoff, Health, HealthAck, Report, Request, Role, Started,

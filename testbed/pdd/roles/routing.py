@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from testbed.pdd.policy import BUILTIN, RouteDecision, RouteInputs  # noqa: F401 (re-exported)
-from testbed.pdd.run.config import Mode, RouterConfig, TimingConfig
+from testbed.pdd.run.config import RouterConfig, TimingConfig
+from testbed.types import Mode
 from testbed.pdd.compute.costmodel import CostModel
 from testbed.pdd.compute.radix import RadixCache, common_prefix_of_keys, token_key
 

@@ -3,8 +3,8 @@
 Owns one frozen dataclass per config section (fields carry help text), and the one
 loader ``load_config`` / ``parse_config``. Every role process reads the same
 file and picks its own instance by name. The PDD design's enums (``Mode``,
-``Pipeline``, ``HandoffMode``) live in testbed/types.py and are re-exported
-here; unknown keys, wrong types and
+``Pipeline``, ``HandoffMode``) live in testbed/types.py (import them from
+there); unknown keys, wrong types and
 out-of-range values raise ``SpecError`` naming the file, the JSON path, what
 was expected and what was found. Validation is pure (no I/O beyond reading
 the file); the JSON is read strictly (testbed.strict: no NaN, no
@@ -38,7 +38,7 @@ from testbed.pdd.compute.costmodel import GPU_A, GPU_B, CostModel, ModelProfile
 from testbed.pdd.compute.engine import ModelConfig
 from testbed.pdd.wire.fields import Role
 from testbed.types import PDD_DEFAULTS as _D
-from testbed.types import HandoffMode, Mode, Pipeline  # noqa: F401 (Pipeline re-exported)
+from testbed.types import HandoffMode, Mode
 
 # The tiny model the roles run in a scenario (testbed/scenario/cluster_config.py)
 # and in client_bench: small enough that real compute stays below the modeled

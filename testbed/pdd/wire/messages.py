@@ -2,7 +2,7 @@
 
 Owns the byte layout of every payload and the map from ``MsgType`` to its
 class. The wire enums (``MsgType``, ``Role``, ``ErrorCode``, ``FinishReason``)
-and field codecs are in ``wire.py``; framing (header, checksums, streaming
+and field codecs are in ``fields.py``; framing (header, checksums, streaming
 decode) is in ``protocol.py``, which re-exports everything here.
 
 Every message validates its fields when constructed, so a decoded message is

@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 from testbed.spec.faultkinds.base import Export, set_link_actions, wan_set
-from testbed.spec.link import LossSpec, parse_loss
+from testbed.impairment import LossSpec
+from testbed.spec.link import parse_loss
 
 NAME = "loss"
 DOC = "pct | loss: {model: gilbert_elliott, ...}  [link] [duration_s]"
