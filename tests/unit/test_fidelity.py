@@ -270,3 +270,22 @@ def test_a_packet_or_two_at_each_read_is_not_a_backlog():
     queued = [s._replace(backlog_bytes=3 * 1514) for s in tiny]
     assert F.shaper_figures(queued, None)["wan/a>b"] == {"backlogged_s": 0.5,
                                                          "delivered_ratio": 0.048}
+
+
+def test_the_rtt_excess_is_what_the_host_added_under_load_not_at_idle():
+    # a software-emulated guest: 43 ms at the preflight for 40 configured (the VM's 3 ms
+    # per round trip), and the same 43 ms under load: nothing added under load
+    offset = 100.0 - 1.7e9
+    events = [{"kind": "preflight", "t_mono": 90.0, "rtt_configured_ms": 40.0,
+               "rtt_measured_ms": 43.0, "tolerance_ms": 10.0, "passed": True},
+              {"kind": "workload_start", "t_mono": 100.0, "t_wall": 100.0 - offset}]
+    ping = "".join(f"[{100.5 + i - offset:.6f}] 64 bytes from 10.77.2.10: icmp_seq={i} "
+                   f"ttl=62 time={43.0 + (5.0 if i == 9 else 0.0)} ms\n" for i in range(10))
+    fig = F.rtt_figures(ping, events, [], TOPO, None, None)
+    assert fig["idle_excess_ms"] == pytest.approx(3.0)
+    assert fig["excess_p50_ms"] == pytest.approx(0.0) and fig["excess_p99_ms"] == pytest.approx(5.0)
+    assert not [r for r in F.judge({"network": {"rtt": fig}}) if "RTT" in r]
+    # without a preflight (an older run) the whole offset counts, as before
+    old = F.rtt_figures(ping, events[1:], [], TOPO, None, None)
+    assert old["idle_excess_ms"] == 0.0 and old["excess_p50_ms"] == pytest.approx(3.0)
+    assert [r for r in F.judge({"network": {"rtt": old}}) if "RTT" in r]
