@@ -247,7 +247,7 @@ def rtt_figures(ping_text: str | None, events, links, topology: Mapping, window,
     what the host added under load. None without probes. A software-emulated guest
     adds 3-3.7 ms to every round trip at idle (its preflight: 42.96-43.69 ms for
     40), and that offset is the VM's CPU, not lateness under load; on this host
-    the idle excess is 0.3-0.4 ms."""
+    the idle excess is 0.23-0.64 ms."""
     if not ping_text:
         return None
     offset = _wall_to_mono(events)
