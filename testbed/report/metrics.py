@@ -97,31 +97,22 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
+from testbed.catalog import BOUNDABLE, MODE_FIGURES, PAIRED
 from testbed.histogram import percentile
 from testbed.report.balance import balance
 from testbed.report.hindsight import hindsight
 from testbed.report.rundir import LinkSample
 from testbed.types import PDD_DEFAULTS, Sla
 
-# The per-mode keys of summary.json, in contract order.
-MODE_KEYS = ("requests_total", "requests_completed", "requests_failed",
-             "tokens_lost", "tokens_duplicated",
-             "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "ttft_mean_s", "ttft_high_hit_p50_s",
-             "tpot_p50_ms", "e2e_p99_s", "goodput_rps", "handoff_stall_p99_ms",
-             "relay_overhead_p50_ms", "relay_overhead_p90_ms",
-             "after_prefill_p50_s", "after_prefill_p90_s", "wan_bytes", "intra_dc_bytes", "rld_token_share", "relayed_share",
-             "kv_prediction_error_p50", "kv_prediction_error_p90",
-             "wan_rate_max_over_shaper", "p_hit_rate_mean", "md_hit_rate_mean", "drc_hit_gap",
-             "wan_kv_share", "decision_regret_share",
-             "rss_slope_max_mb_per_min", "fd_slope_max_per_min", "md_imbalance", "p_imbalance",
-             "hindsight", "balance", "emulated")
+# The per-mode keys of summary.json, in contract order: the catalogue's figures
+# (testbed/catalog.py), then the nested objects.
+MODE_KEYS = MODE_FIGURES + ("hindsight", "balance", "emulated")
 EMULATED_KEYS = ("wan_bytes", "intra_dc_bytes")
-# Every name an expectation or a comparison may use.
-MODE_METRICS = tuple(k for k in MODE_KEYS if k not in ("emulated", "hindsight", "balance")) + tuple(
-    f"emulated.{k}" for k in EMULATED_KEYS)
+# Every name an expectation or a comparison may use (the catalogue's).
+MODE_METRICS = BOUNDABLE
 # Metrics of a (mode, baseline) pair over the same requests (``paired_metrics``);
 # a comparison expectation may bound them like a ratio.
-PAIRED_METRICS = ("paired_ttft_ratio_p50",)
+PAIRED_METRICS = PAIRED
 # Compared between every mode and the baseline unless a scenario asks for more.
 DEFAULT_COMPARED = ("ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_p50_ms", "e2e_p99_s",
                     "goodput_rps", "wan_bytes", "intra_dc_bytes")

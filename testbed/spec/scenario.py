@@ -27,23 +27,15 @@ from testbed.reader import Fields, is_file, load_yaml
 from testbed.spec.topology import Topology, load_topology
 from testbed.workload import parse_workload
 from testbed.workload.spec import MODEL_CONTEXT_TOKENS
+from testbed.catalog import BOUNDABLE, PAIRED
 from testbed.types import (ENGINES, POLICIES, SCENARIO_SLA, HandoffMode, Mode, PddSettings, Sla,
                            is_file_policy)
 
 
-# The summary.json metrics an expectation may bound (docs/run-directory.md).
-METRICS = ("requests_total", "requests_completed", "requests_failed", "tokens_lost",
-           "tokens_duplicated", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "ttft_mean_s",
-           "tpot_p50_ms",
-           "e2e_p99_s", "goodput_rps", "handoff_stall_p99_ms", "relay_overhead_p50_ms",
-           "relay_overhead_p90_ms", "after_prefill_p50_s",
-           "after_prefill_p90_s", "wan_bytes", "intra_dc_bytes",
-           "rld_token_share", "relayed_share", "kv_prediction_error_p50",
-           "kv_prediction_error_p90", "wan_rate_max_over_shaper", "p_hit_rate_mean",
-           "md_hit_rate_mean", "drc_hit_gap", "wan_kv_share", "decision_regret_share",
-           "rss_slope_max_mb_per_min", "fd_slope_max_per_min", "md_imbalance", "p_imbalance")
+# The summary.json metrics an expectation may bound: the catalogue's (testbed/catalog.py)
+METRICS = BOUNDABLE
 # A (mode, baseline) pair's metrics over the same requests; only a comparison bounds them.
-PAIRED_METRICS = ("paired_ttft_ratio_p50",)
+PAIRED_METRICS = PAIRED
 OPS = ("==", "<=", "<", ">=", ">")
 JUDGED_ON = ("median", "interval")
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")

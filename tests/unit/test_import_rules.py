@@ -23,9 +23,10 @@ MAY_IMPORT = {
     "readyline": set(),
     "clock": set(),
     "decision": set(),
+    "catalog": set(),  # the metric catalogue: names only
     "strict": {"errors"},
     "reader": {"errors", "strict"},
-    "spec": {"errors", "types", "strict", "reader", "impairment", "workload"},
+    "spec": {"errors", "types", "strict", "reader", "impairment", "workload", "catalog"},
     "workload": {"errors", "strict", "reader"},
     "net": {"errors", "histogram", "linkmath", "impairment", "readyline", "spec", "clock"},
     "pdd": {"errors", "types", "decision", "histogram", "impairment", "readyline", "strict",
@@ -33,7 +34,7 @@ MAY_IMPORT = {
     "bench": {"errors", "types", "histogram", "impairment", "net", "spec", "workload", "pdd"},
     "scenario": {"errors", "types", "strict", "readyline", "clock", "impairment", "spec", "workload",
                  "net", "pdd", "report"},
-    "report": {"errors", "types", "decision", "histogram"},
+    "report": {"errors", "types", "decision", "histogram", "catalog"},
     "export": {"errors", "types", "strict", "linkmath", "impairment", "spec", "workload", "scenario",
                "pdd", "report"},
     "vm": {"errors", "impairment", "spec", "net", "scenario", "report"},  # the guest checks judge
