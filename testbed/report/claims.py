@@ -96,6 +96,20 @@ def pdd_settings(run: RunData, name: str | None = None) -> dict:
     return run.pdd_settings(name)
 
 
+def wan_rate_gbit(run: RunData) -> float | None:
+    """The WAN's a>b rate the run recorded (metadata.json's topology), else None: a
+    figure is never computed from a rate the run did not have."""
+    v = (((run.metadata.get("topology") or {}).get("wan") or {}).get("a_to_b") or {}) \
+        .get("rate_gbit")
+    return float(v) if v is not None else None
+
+
+def kv_bytes_per_token(run: RunData, mode: str | None = None) -> int | None:
+    """The modeled KV bytes per token the run (or its mode) resolved, else None."""
+    v = pdd_settings(run, mode).get("kv_bytes_per_token")
+    return int(v) if v is not None else None
+
+
 def conditions(run: RunData, name: str, note: str = "") -> dict:
     """k, token_scale, time_scale, model, WAN and the measured request shape of one mode."""
     pdd = pdd_settings(run, name)
@@ -105,13 +119,15 @@ def conditions(run: RunData, name: str, note: str = "") -> dict:
     ts = int(pdd.get("token_scale") or 1)
     prompts = [r["prompt_len"] * ts for r in recs if r.get("prompt_len") is not None]
     outs = [r["max_out"] for r in recs if r.get("max_out") is not None]
-    rtt = (ab.get("delay_ms") or 0) + (ba.get("delay_ms") or 0)
+    delays = [ab.get("delay_ms"), ba.get("delay_ms")]
+    rtt = "?" if None in delays else f"{sum(delays):g}"
     out = {"run": run.path.name, "mode": name, "k": run.scale, "token_scale": ts,
            "time_scale": pdd.get("time_scale"),
            "model": f"modeled 70B-class (costmodel.BIG_MODEL), KV "
-                    f"{pdd.get('kv_bytes_per_token', 50000)} B/token; tokens from the "
+                    f"{pdd.get('kv_bytes_per_token', '? (not recorded)')} B/token; tokens "
+                    "from the "
                     + ("hash engine" if pdd.get("engine") == "hash" else "tiny model"),
-           "wan": f"{ab.get('rate_gbit', '?')} Gbit/s, RTT {rtt:g} ms",
+           "wan": f"{ab.get('rate_gbit', '?')} Gbit/s, RTT {rtt} ms",
            "requests": len(recs),
            "context_tokens_p50": median(prompts) if prompts else None,
            "output_tokens_p50": median(outs) if outs else None}
@@ -203,16 +219,20 @@ def claim_baseline_tail(runs, bench) -> Claim:
     else:
         reason = "; ".join(f"p{q}: {why}" for q, (v, why) in zip((50, 90, 99), verdicts)
                            if v != REPRODUCED)
-        wan = (run.metadata.get("topology") or {}).get("wan") or {}
-        rate = float((wan.get("a_to_b") or {}).get("rate_gbit") or 10.0)
-        full_s = 65536 * float(pdd_settings(run).get("kv_bytes_per_token") or 50000) * 8 \
-            / (rate * 1e9)
-        fig["full_64k_kv_s"] = full_s
+        rate, kvb = wan_rate_gbit(run), kv_bytes_per_token(run)
         reason += (f". The WAN part (prefill end -> KV at MD) is p90 "
-                   f"{_fmt(fig['kv_transfer_p90_s'], ' s')} of the TTFT p90 "
-                   f"{_fmt(qs[1], ' s')}; a whole 64K-token KV crosses this {rate:g} Gbit/s "
-                   f"line in {full_s:.2g} s, so the paper's 1-20 s transfers imply an "
-                   f"effective {rate * full_s / 20:.2g}-{rate * full_s:.2g} Gbit/s per transfer")
+                   f"{_fmt(fig['kv_transfer_p90_s'], ' s')} of the TTFT p90 {_fmt(qs[1], ' s')}")
+        if rate is None or kvb is None:
+            reason += ("; the run records no " + " and no ".join(
+                w for w, v in (("WAN rate (metadata.json topology.wan.a_to_b.rate_gbit)", rate),
+                               ("KV bytes per token (resolved pdd.kv_bytes_per_token)", kvb))
+                if v is None) + ", so a whole KV's time on the line is not computed")
+        else:
+            full_s = 65536 * kvb * 8 / (rate * 1e9)
+            fig["full_64k_kv_s"] = full_s
+            reason += (f"; a whole 64K-token KV crosses this {rate:g} Gbit/s line in "
+                       f"{full_s:.2g} s, so the paper's 1-20 s transfers imply an effective "
+                       f"{rate * full_s / 20:.2g}-{rate * full_s:.2g} Gbit/s per transfer")
     return Claim(key, title, pub, measured, REPRODUCED if ok else DIFFERS, reason,
                  conditions(run, names["cross-dc-pd"], note), fig)
 
@@ -240,7 +260,11 @@ def claim_wan_bytes(runs, bench) -> Claim:
     name, off = _drc_modes(run)
     name = name or names["cross-dc-pd"]
     mode, pdd = run.mode(name), pdd_settings(run, name)
-    ts, kvb = int(pdd.get("token_scale") or 1), int(pdd.get("kv_bytes_per_token") or 50000)
+    ts, kvb = int(pdd.get("token_scale") or 1), kv_bytes_per_token(run, name)
+    if kvb is None:
+        return Claim(key, title, pub, "-", NOT_HERE, f"{run.path.name}: the run records no KV "
+                     "bytes per token (resolved pdd.kv_bytes_per_token), so the bytes a request "
+                     "without reuse would send are unknown", conditions(run, name))
     recs = [r for r in mode.requests if r.get("prompt_len") is not None]
     full = sum(r["prompt_len"] * ts * kvb for r in recs)  # nominal bytes, no reuse at all
     sent = sum(int((r.get("bytes") or {}).get("kv_wan") or 0) for r in recs) * run.scale

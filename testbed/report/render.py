@@ -81,11 +81,14 @@ def topology_line(topo: object) -> str:
 
     dcs = ", ".join(f"DC {dc.get('name')} ({hosts(dc)})" for dc in topo.get("datacenters") or [])
     wan = topo.get("wan") or {}
-    link = wan.get("link") or wan.get("a_to_b") or wan
+    ab, ba = wan.get("a_to_b") or {}, wan.get("b_to_a") or {}  # metadata.json's topology
     parts = [f"{topo.get('name', '?')}: {dcs}" if dcs else str(topo.get("name", "?"))]
-    if link.get("rate_gbit") is not None:
-        rtt = "" if link.get("delay_ms") is None else f", RTT {2 * link['delay_ms']:g} ms"
-        parts.append(f"WAN {link['rate_gbit']:g} Gbit/s{rtt}")
+    if ab.get("rate_gbit") is not None:
+        rate = f"{ab['rate_gbit']:g}" if ba.get("rate_gbit") in (None, ab["rate_gbit"]) \
+            else f"{ab['rate_gbit']:g}/{ba['rate_gbit']:g}"
+        delays = [d.get("delay_ms") for d in (ab, ba)]
+        rtt = "" if None in delays else f", RTT {sum(delays):g} ms"
+        parts.append(f"WAN {rate} Gbit/s{rtt}")
     return "; ".join(parts)
 
 

@@ -271,3 +271,15 @@ def test_a_broken_line_before_the_last_is_an_error_naming_it(run):
     reqs.write_text("\n".join([lines[0], "{oops", *lines[1:]]) + "\n")
     with pytest.raises(ReportError, match=r"requests.jsonl:2: not valid JSON"):
         load_run(run)
+
+
+def test_the_topology_line_reads_both_wan_directions():
+    from testbed.report.render import topology_line
+
+    topo = {"name": "t", "datacenters": [{"name": "a", "hosts": [{"name": "p1"}]}],
+            "wan": {"a_to_b": {"rate_gbit": 100.0, "delay_ms": 15.0},
+                    "b_to_a": {"rate_gbit": 40.0, "delay_ms": 5.0}}}
+    assert topology_line(topo) == "t: DC a (p1); WAN 100/40 Gbit/s, RTT 20 ms"
+    topo["wan"]["b_to_a"] = {"rate_gbit": 100.0, "delay_ms": 15.0}
+    assert topology_line(topo).endswith("WAN 100 Gbit/s, RTT 30 ms")
+    assert topology_line({"name": "t", "wan": {}}) == "t"  # no WAN recorded: none shown

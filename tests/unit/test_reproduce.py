@@ -187,6 +187,25 @@ def test_wan_bytes_counterfactual(tmp_path):
     assert c.verdict == NOT_HERE and "drc" in c.reason
 
 
+def test_a_figure_the_run_did_not_record_is_never_computed_from_a_default(tmp_path):
+    """No KV bytes per token, no WAN rate in the run: claim 3 is not reproducible here
+    with the field named, claim 2 says what it cannot compute (no 10 Gbit/s, 50 KB)."""
+    d = headline(tmp_path)
+    meta = json.loads((d / "metadata.json").read_text())
+    for m in meta["resolved"]["modes"]:
+        m["pdd"].pop("kv_bytes_per_token")
+    meta["resolved"]["pdd"].pop("kv_bytes_per_token")
+    meta["topology"]["wan"] = {}
+    (d / "metadata.json").write_text(json.dumps(meta))
+    c = claim_wan_bytes(runs_of(tmp_path), None)
+    assert c.verdict == NOT_HERE and "kv_bytes_per_token" in c.reason
+    tail = claim_baseline_tail(runs_of(tmp_path), None)
+    assert "full_64k_kv_s" not in tail.figures
+    assert "records no WAN rate" in tail.reason and "KV bytes per token" in tail.reason
+    assert "? (not recorded) B/token" in tail.conditions["model"]
+    assert tail.conditions["wan"] == "? Gbit/s, RTT ? ms"
+
+
 @pytest.mark.parametrize("off_bytes, verdict", [(16_000_000, REPRODUCED), (4_000_000, DIFFERS)])
 def test_wan_bytes_measured_with_a_drc_off_mode(tmp_path, off_bytes, verdict):
     """With a cross-dc-pd mode that ran ``drc: false`` the ratio is measured: the same 20
