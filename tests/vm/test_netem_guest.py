@@ -4,7 +4,9 @@ Boots Debian 12's kernel under software emulation (testbed.vm) and runs the
 project's own probe, build, calibrate and runtime change there; asserts the
 guest's figures within the guest tolerances (testbed.vm.netem_check:
 RTT +-3 ms after the guest's measured path overhead, rate +-10 % (best of
-up to 3 TCP runs), loss +-0.5 points). 1.6-2.3 minutes wall on the
+up to 3 TCP runs), loss +-0.5 points; the shaper as the fidelity verdict
+judges it: a lightly loaded link's queue empty and its network verdict
+faithful, a saturated link's delivered rate within 5 %). 1.6-2.3 minutes wall on the
 reference machine (2 cores), plus ~15 s the first time (kernel download,
 initramfs).
 
@@ -73,6 +75,10 @@ def test_netem_backend_in_guest_within_tolerance(tmp_path):
         for fig in ("rtt_ms", "rate_fwd_mbit", "rate_rev_mbit"):
             assert (phase, f"wan {fig}") in names, table
     assert ("configured", "wan loss_fwd_pct") in names, table
+    # the shaper judged as a run's fidelity verdict judges it: a lightly loaded link's
+    # queue empty and its network verdict faithful; a saturated one at its rate +-5%
+    assert {("shaper light", "wan a>b queued reads"), ("shaper light", "network verdict"),
+            ("shaper saturated", "wan a>b delivered")} <= names, table
     assert check.figures["backend"] == "netem" and check.figures["probe"]["netem"]
     assert _host_links() <= before  # the guest has no way to touch the host's network
 
