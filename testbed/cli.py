@@ -192,6 +192,9 @@ def cmd_run(args) -> int:
 
         print(describe(sc if opts.engine is None else with_engine(sc, opts.engine), opts))
         return 0
+    if args.seeds < 1:
+        print(f"testbed run: --seeds must be at least 1, got {args.seeds}", file=sys.stderr)
+        return 2
     if args.seeds > 1:
         return _run_seeds(sc, args, out)
     with out_dir_lock(out, "testbed run " + args.scenario):
@@ -240,6 +243,9 @@ def cmd_suite(args) -> int:
     from testbed.scenario.suite import (collect_paths, load_all, run_suite, select,
                                         suite_overview)
 
+    if args.seeds < 1:
+        print(f"testbed suite: --seeds must be at least 1, got {args.seeds}", file=sys.stderr)
+        return 2
     scenarios, skipped = select(load_all(collect_paths(args.paths)), args.only, args.skip)
     if getattr(args, "clock", None) == "virtual":  # what it cannot model is left out, said why
         from testbed.scenario.virtual import unsupported

@@ -429,3 +429,4 @@ def test_suite_seeds_judges_each_expectation_over_the_seeds(tmp_path, monkeypatc
     assert "over 3 seeds, on the median (95% CI [" in row["bound"] and "2/3 runs" in row["bound"]
     assert any("tokens_lost" in why for why in s2["reasons"])
     assert (out / "s1" / "seeds.md").is_file() and "seeds.md" in (out / "suite.md").read_text()
+    assert cli.main(["suite", str(d), "--out", str(tmp_path / "o2"), "--seeds", "0"]) == 2
