@@ -93,7 +93,7 @@ FIGURES, VERDICT = "guest-figures.json", "netem-check.json"
 # 0.15-0.4 s of the vCPU). A saturated interval is judged when its queue dropped
 # (fidelity.shaper_figures: a BDP queue never holds what the rate sends in a
 # read interval), so the phase has many flows and seconds enough for drops.
-SHAPER_PHASE_S = {"light": 6.0, "saturated": 12.0}
+SHAPER_PHASE_S = {"light": 6.0, "saturated": 30.0}
 SHAPER_RATE_SHARE = 0.25
 LIGHT_SHARE = 0.2
 SATURATED_FLOWS = 8
@@ -220,11 +220,26 @@ def shaper_phase(net, out: Path, name: str, rate_gbit: float) -> dict:
     notes: list[str] = []
     links = read_links(d / "links.csv", notes)
     shapers = shaper_figures(links, None)
+    ab = [x for x in links if (x.link, x.direction) == ("wan", "a>b")]
+    busy = [x.backlog_bytes is not None and x.backlog_bytes > QUEUED_PKTS * 1514 for x in ab]
+    span = None  # the longest run of backlogged reads: its delivered rate over its length
+    i = 0
+    while i < len(ab):
+        j = i
+        while j < len(ab) and busy[j]:
+            j += 1
+        if j - i >= 2 and (span is None or ab[j - 1].t_mono - ab[i].t_mono > span[1]):
+            a, b = ab[i], ab[j - 1]
+            span = ((b.bytes - a.bytes) * 8 / (b.t_mono - a.t_mono) / emulated_bps,
+                    b.t_mono - a.t_mono)
+        i = j + 1
     return {"phase": name, "seconds": secs, "iperf_mbit": round(iperf["bps"] / 1e6, 2),
             "emulated_mbit": round(emulated_bps / 1e6, 3),
             "reads": [(round(x.t_mono, 3), x.backlog_bytes) for x in links
                       if (x.link, x.direction) == ("wan", "a>b")],
             "shapers": shapers,
+            "span": None if span is None else {"delivered_ratio": round(span[0], 4),
+                                               "seconds": round(span[1], 3)},
             "network_reasons": [r for r in judge({"network": {"shapers": shapers}})
                                 if r.startswith("network:")]}
 
@@ -352,13 +367,19 @@ def shaper_rows(ph: dict) -> list[Row]:
         rows.append(Row(phase, "network verdict", "faithful", verdict, verdict, "", "equal",
                         verdict == "faithful", "; ".join(ph["network_reasons"])))
         return rows
-    d = ph["shapers"].get("wan/a>b")
-    ratio = d["delivered_ratio"] if d and d["backlogged_s"] >= 2.0 else None
+    # Judged over the longest run of backlogged reads, not per interval: a read of the
+    # class in the TCG guest takes 0.15-0.4 s (``read_s``), so a 0.5-1 s interval's rate
+    # is uncertain by tens of percent (the per-interval figure read 0.915 and 1.022 in two
+    # runs whose TCP goodput was the rate's); over ~25 s the reads' timing is ~1-2%.
+    d, sp = ph["shapers"].get("wan/a>b"), ph.get("span")
+    ratio = sp["delivered_ratio"] if sp and sp["seconds"] >= 2.0 else None
     rows.append(Row(phase, "wan a>b delivered", 1.0, ratio, ratio, "x rate",
                     f"+-{SHAPER_TOL * 100:g}%",
                     ratio is not None and abs(ratio - 1.0) <= SHAPER_TOL,
-                    f"{d['backlogged_s'] if d else 0:g} s backlogged of {ph['seconds']:g}; "
-                    f"iperf3 {ph['iperf_mbit']:g} of {ph['emulated_mbit']:g} Mbit/s"))
+                    f"{sp['seconds'] if sp else 0:g} s backlogged of {ph['seconds']:g}; per "
+                    f"interval (fidelity.py) {d['delivered_ratio'] if d else '-'} over "
+                    f"{d['backlogged_s'] if d else 0:g} s; iperf3 {ph['iperf_mbit']:g} of "
+                    f"{ph['emulated_mbit']:g} Mbit/s"))
     return rows
 
 

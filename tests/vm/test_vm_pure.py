@@ -116,9 +116,10 @@ def _light(backlogs, reasons=()):
 
 
 def _saturated(ratio, backlogged_s=6.5):
-    return {"phase": "saturated", "seconds": 8.0, "iperf_mbit": 94.0, "emulated_mbit": 100.0,
+    return {"phase": "saturated", "seconds": 30.0, "iperf_mbit": 94.0, "emulated_mbit": 100.0,
             "reads": [], "network_reasons": [],
-            "shapers": {"wan/a>b": {"backlogged_s": backlogged_s, "delivered_ratio": ratio}}}
+            "shapers": {"wan/a>b": {"backlogged_s": 3.0, "delivered_ratio": 0.91}},
+            "span": {"delivered_ratio": ratio, "seconds": backlogged_s}}
 
 
 @pytest.mark.parametrize("ph, failing", [
