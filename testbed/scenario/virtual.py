@@ -30,12 +30,15 @@ from __future__ import annotations
 
 import asyncio
 import csv
+import dataclasses
 import json
 import sys
 from pathlib import Path
 
 from testbed import clock
 from testbed.errors import EmulationError, SpecError
+from testbed.impairment import NO_LOSS
+from testbed.pdd.wire.fluid_loss import MAX_MODELED_LOSS_PCT
 from testbed.net.events import EventLog
 from testbed.net.plan import select_channels
 from testbed.scenario.cluster_config import cluster_dict_for, workload_lines
@@ -45,13 +48,9 @@ from testbed.spec.faultkinds import kind
 from testbed.spec.topology import Topology
 from testbed.types import FaultEvent
 
-# the fault kinds the network model carries, and why the others are refused
+# the fault kinds the network model carries (any other is refused by name)
 SUPPORTED_FAULTS = ("bandwidth", "bandwidth_schedule", "rtt", "congestion", "kill", "restart",
-                    "link_flap")
-REFUSED_FAULTS = {
-    "loss": "loss and the retransmissions and timeouts it costs TCP are not modeled",
-    "duplicate": "duplicated segments (and the sender's reaction) are not modeled",
-}
+                    "link_flap", "loss", "duplicate")
 
 
 def unsupported(sc) -> list[str]:
@@ -62,21 +61,23 @@ def unsupported(sc) -> list[str]:
     links = [("wan.a_to_b", topo.wan.a_to_b), ("wan.b_to_a", topo.wan.b_to_a)]
     links += [(f"hosts.{h.name}.link", h.link) for h in topo.hosts]
     links += [(f"datacenters.{d.name}.host_link", d.host_link) for d in topo.datacenters]
+    why_loss = (f"above {MAX_MODELED_LOSS_PCT:g}% the emulator's TCP (bbr) falls into "
+                "retransmission-timeout chains and a collapsed bandwidth estimate that the loss "
+                "model does not have (docs/virtual-clock.md)")
     for where, spec in links:
-        if spec.loss.active:
-            out.append(f"{where}.loss: {spec.loss.mean_pct:g}% mean; loss is not modeled")
-        if spec.duplicate_pct > 0:
-            out.append(f"{where}.duplicate_pct: {spec.duplicate_pct:g}; not modeled")
+        if spec.loss.mean_pct > MAX_MODELED_LOSS_PCT:
+            out.append(f"{where}.loss: {spec.loss.mean_pct:g}% mean; {why_loss}")
         if spec.reorder_pct > 0:
             out.append(f"{where}.reorder_pct: {spec.reorder_pct:g}; not modeled")
         if spec.jitter_ms > 0 and spec.jitter_distribution not in ("uniform", "normal"):
             out.append(f"{where}.jitter_distribution: {spec.jitter_distribution!r}; only "
                        "'uniform' and 'normal' are modeled")
     for f in sc.faults:
-        if f.kind in REFUSED_FAULTS:
-            out.append(f"faults[{f.index}].kind: {f.kind!r}; {REFUSED_FAULTS[f.kind]}")
-        elif f.kind not in SUPPORTED_FAULTS:
+        if f.kind not in SUPPORTED_FAULTS:
             out.append(f"faults[{f.index}].kind: {f.kind!r}; not modeled")
+        elif f.kind == "loss" and f.params["loss"].mean_pct > MAX_MODELED_LOSS_PCT:
+            out.append(f"faults[{f.index}].loss: {f.params['loss'].mean_pct:.3g}% mean; "
+                       f"{why_loss}")
     return out
 
 
@@ -90,7 +91,8 @@ def network_for(topo: Topology, scale: float, seed: int):
 
     def chan(link: str, direction: str, spec):
         return net.channel(link, direction, spec.rate_gbit / scale, spec.delay_ms,
-                           spec.jitter_ms, spec.jitter_distribution)
+                           spec.jitter_ms, spec.jitter_distribution, spec.loss,
+                           spec.duplicate_pct)
 
     hosts, gws = {}, {}
     for dc in topo.datacenters:
@@ -111,6 +113,13 @@ def network_for(topo: Topology, scale: float, seed: int):
                 # the far gateway's port (up: from it), the host's port (down)
                 net.route(src, dst, [s_up, gws[sdc][1], wan[(sdc, ddc)], gws[ddc][0], d_down])
     return net
+
+
+def _plain(changes: dict) -> dict:
+    """A link change as events.jsonl records it (a LossSpec as its fields, as the
+    emulator's runtime writes it)."""
+    return {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v
+            for k, v in changes.items()}
 
 
 class _CrossFlows:
@@ -137,20 +146,23 @@ class VirtualOps:
         self.net, self.handles, self.events, self.scale = net, handles, events, scale
         self.on_start = on_start  # called with each restarted role (its events sink)
         self._orig = {c.id: {"rate_gbit": c.rate_gbit * scale, "delay_ms": c.delay_s * 1e3,
-                             "jitter_ms": c.jitter_s * 1e3}
+                             "jitter_ms": c.jitter_s * 1e3,
+                             "loss": c.loss.spec if c.loss else NO_LOSS,
+                             "duplicate_pct": c.duplicate_pct}
                       for c in select_channels(net.channels.values(), link)}
         self._tasks: set[asyncio.Task] = set()
 
     def set_link(self, link: str, **changes):
         chans = select_channels(self.net.channels.values(), link)
         for key in changes:
-            if key not in ("rate_gbit", "delay_ms", "jitter_ms"):
+            if key not in ("rate_gbit", "delay_ms", "jitter_ms", "loss", "duplicate_pct"):
                 raise EmulationError(f"virtual clock: set_link {key} is not modeled")
         for c in chans:
             rate = changes.get("rate_gbit")
             c.set(clock.now(), rate_gbit=None if rate is None else rate / self.scale,
-                  delay_ms=changes.get("delay_ms"), jitter_ms=changes.get("jitter_ms"))
-            self.events.record("set_link", channel=c.id, **changes,
+                  delay_ms=changes.get("delay_ms"), jitter_ms=changes.get("jitter_ms"),
+                  loss=changes.get("loss"), duplicate_pct=changes.get("duplicate_pct"))
+            self.events.record("set_link", channel=c.id, **_plain(changes),
                                emulated_rate_gbit=c.rate_gbit, scale=self.scale)
         return chans
 

@@ -48,9 +48,15 @@ channels: a host's up and down link, the WAN's a>b and b>a):
   loss (RFC 6298, Linux's minimum RTO), so a 3 s outage costs a connection
   that lost bytes at its start up to 1.5 s more.
 
+- **Loss** (``fluid_loss``): a channel's loss process is drawn over each
+  segment's packets; a lost packet delays its segment (and, in order, the
+  stream behind it) by what RACK-TLP and the retransmission timeout take to
+  recover it, and its retransmission is served again.
+- **Duplication** changes no timing: the receiving TCP drops the copy, and
+  the copy takes no shaped rate (as on the userspace backend).
+
 What it leaves out, so a scenario that needs it is refused before the run
-(``testbed.scenario.virtual.unsupported``): loss and the retransmissions
-and timeouts it costs, duplication and reordering. Left out without a
+(``testbed.scenario.virtual.unsupported``): reordering. Left out without a
 refusal: slow start (the emulated hosts keep
 ``tcp_slow_start_after_idle`` off and reuse their connections, so only a
 connection's first window would ramp) and the bottleneck's standing queue.
@@ -67,15 +73,18 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import random
 from collections import deque
 from collections.abc import Sequence
 
+from testbed.impairment import LossSpec
 from testbed.pdd.wire.fake_transport import FakeNetwork, FakeTransport, _Pipe
+from testbed.pdd.wire.fluid_loss import MSS, PacketLoss, frame_bytes, recovery
 from testbed.pdd.wire.fake_wan import jitter_draw
 from testbed.pdd.wire.messages import KvChunk, Tokens, _Fixed
 from testbed.pdd.wire.protocol import HEADER_SIZE, Frame, FrameDecoder, encode_frame_parts
-from testbed.pdd.wire.transport import Connection, ConnectionClosed
+from testbed.pdd.wire.transport import Connection, ConnectionClosed, TcpCounters
 
 _EPS_BYTES = 1e-6
 # a write is served and delivered in segments of at most this many seconds of its
@@ -97,6 +106,9 @@ PAYLOAD_SHARE = 1448 / 1514
 # counted but not taken from the other flows (at most 4 KB against segments of 64 KiB
 # and more), which saves the sharing's bookkeeping on the most frequent frames
 SMALL_BYTES = 4096
+# the payload of a queue item that is a retransmission: served (it takes the rate and
+# counts as wire bytes) and delivered to nobody
+_RETRANSMIT = object()
 
 
 class FluidChannel:
@@ -105,13 +117,19 @@ class FluidChannel:
 
     def __init__(self, link: str, direction: str, rate_gbit: float, delay_ms: float = 0.0,
                  jitter_ms: float = 0.0, jitter_distribution: str = "uniform",
-                 rng: random.Random | None = None):
+                 rng: random.Random | None = None, loss: LossSpec | None = None,
+                 duplicate_pct: float = 0.0):
         self.link, self.direction = link, direction
         self.rate_gbit = rate_gbit
         self.delay_s, self.jitter_s = delay_ms / 1e3, jitter_ms / 1e3
         self.normal = jitter_distribution == "normal"
         self.rng = rng or random.Random(0)
         self.up = True
+        self.loss: PacketLoss | None = None  # fluid_loss: what a lost packet costs a stream
+        self._set_loss(loss)
+        # copies of packets: taken by nobody's rate and dropped by the receiving TCP (see
+        # set); kept to be reported
+        self.duplicate_pct = duplicate_pct
         self.bulk_flows = 0  # cross traffic: flows that always have bytes to send
         self.bytes = 0  # every byte that finished serialising (flows and cross traffic)
         self.cross_bytes = 0.0
@@ -149,12 +167,23 @@ class FluidChannel:
         return jitter_draw(self.rng, self.jitter_s, self.normal)
 
     # -- changes ------------------------------------------------------------
+    def _set_loss(self, loss: LossSpec | None) -> None:
+        self.loss = PacketLoss(loss, self.rng) if loss is not None and loss.active else None
+
     def set(self, now: float, rate_gbit: float | None = None, delay_ms: float | None = None,
             jitter_ms: float | None = None, up: bool | None = None,
-            bulk_flows: int | None = None) -> None:
+            bulk_flows: int | None = None, loss: LossSpec | None = None,
+            duplicate_pct: float | None = None) -> None:
         """Change the channel at ``now``: what was served so far was served at the old
-        rate."""
+        rate. A duplicated packet changes nothing but the figure kept: the receiving TCP
+        drops the copy (answering with a duplicate SACK, RFC 2883, which Linux does not
+        read as loss) and the copy takes no shaped rate, as the userspace backend makes
+        it (after the shaper; netem's copy passes the shaper again: docs/backends.md)."""
         self._advance(now)
+        if loss is not None:
+            self._set_loss(loss)
+        if duplicate_pct is not None:
+            self.duplicate_pct = duplicate_pct
         if rate_gbit is not None:
             self.rate_gbit = rate_gbit
         if delay_ms is not None:
@@ -243,9 +272,16 @@ class FluidChannel:
                 if q[0][0] <= _EPS_BYTES:
                     _, payload, size = q.popleft()
                     self.bytes += size
+                    if payload is _RETRANSMIT:
+                        if not q:
+                            del self._flows[pipe]
+                        continue
                     self.frames += 1
                     pipe.served(size)
-                    pipe.deliver(payload, t, size)
+                    late, resent = pipe.recover(size, tail=not q and not pipe.queued, now=t)
+                    if resent:  # served again before the stream's next bytes
+                        q.appendleft([float(resent), _RETRANSMIT, resent])
+                    pipe.deliver(payload, t, size, late)
                     if not q:
                         del self._flows[pipe]
 
@@ -281,10 +317,15 @@ class _FluidPipe(_Pipe):
     oldest bytes in flight (no pump task: a frame costs two timers, not a task switch)."""
 
     def __init__(self, bottleneck: FluidChannel | None, extra_delay_s: float,
-                 rtt_s: float = 0.0):
+                 rtt_s: float = 0.0, path: tuple[FluidChannel, ...] = ()):
         super().__init__(extra_delay_s + (bottleneck.delay_s if bottleneck else 0.0))
         self._bottleneck, self._extra_delay_s = bottleneck, extra_delay_s
         self._rtt_s = rtt_s
+        self._path = path
+        self._last_write = -math.inf
+        # TCP_INFO's sending-side counters, in MSS segments (tcp_counters)
+        self.segs_out = 0
+        self.total_retrans = 0
         self._last_at = 0.0
         self._queued = 0  # bytes written and not yet through the bottleneck
         self._room = asyncio.Event()
@@ -295,6 +336,24 @@ class _FluidPipe(_Pipe):
         """The retransmission timeout of this connection: its path's RTT + 200 ms (Linux's
         minimum RTO, TCP_RTO_MIN, added to the smoothed RTT on a steady path)."""
         return self._rtt_s + 0.2
+
+    @property
+    def queued(self) -> int:
+        """Bytes written and not yet through the bottleneck."""
+        return self._queued
+
+    def recover(self, size: int, tail: bool, now: float) -> tuple[float, int]:
+        """A segment of ``size`` bytes through the path's lossy channels (fluid_loss):
+        (how much later it is delivered, bytes served again)."""
+        losses = [c.loss for c in self._path if c.loss is not None]
+        if not losses:
+            return 0.0, 0
+        frame = frame_bytes(self._bottleneck.rate_bytes_s) if self._bottleneck else MSS
+        late, resent = recovery(losses, size, tail, self._rtt_s, self.rto_s(), frame)
+        segs = -(-resent // MSS)
+        self.segs_out += segs
+        self.total_retrans += segs
+        return late, resent
 
     def sndbuf_bytes(self) -> float:
         b = self._bottleneck
@@ -321,13 +380,18 @@ class _FluidPipe(_Pipe):
         a frame, delivered with its last segment); a size 0 ends the stream."""
         now = asyncio.get_running_loop().time()
         neck = self._bottleneck
+        self.segs_out += -(-size // MSS)
         if not size or neck is None:  # end of stream, or an unshaped path
             self.deliver(payload, now, size)
             return
         seg = max(SEGMENT_MIN_BYTES, int(neck.rate_gbit * 1e9 / 8 * SEGMENT_S))
+        followed, self._last_write = now - self._last_write < self._rtt_s, now
         if size <= SMALL_BYTES and self._queued == 0 and neck.rate_bytes_s > 0:
             neck.pass_small(size)  # served at its fair share at once: see SMALL_BYTES
-            self.deliver(payload, now + size / (neck.rate_bytes_s / (neck.flows + 1)), size)
+            late, resent = self.recover(size, tail=not followed, now=now)
+            neck.bytes += resent
+            self.deliver(payload, now + size / (neck.rate_bytes_s / (neck.flows + 1)), size,
+                         late)
             return
         self._queued += size
         if size <= seg:
@@ -339,9 +403,10 @@ class _FluidPipe(_Pipe):
             part = payload[i:i + n] if raw else (payload if i + n >= size else None)
             neck.enqueue(self, n, part, now)
 
-    def deliver(self, payload: object, t_serialised: float, size: int | None = None) -> None:
+    def deliver(self, payload: object, t_serialised: float, size: int | None = None,
+                late_s: float = 0.0) -> None:
         b = self._bottleneck
-        delay = self._extra_delay_s + (max(0.0, b.delay_s + b.jitter()) if b else 0.0)
+        delay = self._extra_delay_s + (max(0.0, b.delay_s + b.jitter()) if b else 0.0) + late_s
         at = max(self._last_at, t_serialised + delay)
         self._last_at = at
         self._flight.append((at, payload, len(payload) if size is None else size))
@@ -423,6 +488,11 @@ class FluidConnection(Connection):
     async def send_raw(self, data: bytes) -> None:
         raise ConnectionClosed("raw bytes are not carried by the virtual clock's network")
 
+    def tcp_counters(self) -> TcpCounters | None:
+        """The model's TCP_INFO: segments sent and retransmitted (fluid_loss), the RTO."""
+        out = self._outbound
+        return TcpCounters(out.segs_out, out.total_retrans, out.rto_s())
+
     async def recv(self) -> Frame:
         while True:
             if self._closed:
@@ -458,9 +528,10 @@ class FluidNetwork(FakeNetwork):
         self._paths: dict[tuple[str, str], tuple[FluidChannel, ...]] = {}
 
     def channel(self, link: str, direction: str, rate_gbit: float, delay_ms: float = 0.0,
-                jitter_ms: float = 0.0, jitter_distribution: str = "uniform") -> FluidChannel:
+                jitter_ms: float = 0.0, jitter_distribution: str = "uniform",
+                loss: LossSpec | None = None, duplicate_pct: float = 0.0) -> FluidChannel:
         ch = FluidChannel(link, direction, rate_gbit, delay_ms, jitter_ms, jitter_distribution,
-                          self.rng)
+                          self.rng, loss, duplicate_pct)
         self.channels[ch.id] = ch
         return ch
 
@@ -478,7 +549,7 @@ class FluidNetwork(FakeNetwork):
         # the slowest channel serialises; on a tie the last one (the receiver's side)
         neck = min(reversed(chans), key=lambda c: c.rate_gbit)
         return _FluidPipe(neck, sum(c.delay_s for c in chans if c is not neck),
-                          self.one_way_s(src, dst) + self.one_way_s(dst, src))
+                          self.one_way_s(src, dst) + self.one_way_s(dst, src), chans)
 
     def one_way_s(self, src: str, dst: str) -> float:
         return sum(c.delay_s for c in self.path(src, dst))
