@@ -26,12 +26,34 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from testbed.scenario.metadata import plain
 from testbed.scenario.virtual import unsupported
 
 
-def find_runs(roots: Sequence[Path], scenario: str, seed: int) -> list[Path]:
+# what a run ran, as metadata.json's "resolved" records it: a run whose sections differ
+# from the scenario's (a workload of 120 requests where the file now asks 240) is another
+# experiment, not a reference for this one
+RAN = ("topology", "modes", "faults", "workload", "pdd", "drain_s")
+
+
+def ran(resolved: dict) -> dict:
+    """The sections of a resolved scenario that decide what runs (``RAN``), without the
+    paths of the files they came from (a clone elsewhere runs the same)."""
+    def strip(x):
+        if isinstance(x, dict):
+            return {k: strip(v) for k, v in x.items() if k not in ("file", "where")}
+        return [strip(v) for v in x] if isinstance(x, list) else x
+    return strip(json.loads(json.dumps({k: resolved.get(k) for k in RAN}, sort_keys=True,
+                                       default=str)))
+
+
+def find_runs(roots: Sequence[Path], scenario: str, seed: int,
+              sc=None) -> list[Path]:
     """Emulated run directories (summary.json and metadata.json, not a virtual run) of
-    ``scenario`` on ``seed`` under ``roots`` (each root itself or up to two levels down)."""
+    ``scenario`` on ``seed`` under ``roots`` (each root itself or up to two levels down);
+    with ``sc`` (the loaded scenario) only those that ran what it runs (``ran``), each
+    other one named on stderr with the section that differs."""
+    want = ran(json.loads(json.dumps(plain(sc), default=str))) if sc is not None else None
     found = []
     for root in roots:
         candidates = [root] + sorted(root.glob("*")) + sorted(root.glob("*/*"))
@@ -45,6 +67,15 @@ def find_runs(roots: Sequence[Path], scenario: str, seed: int) -> list[Path]:
                 continue
             if meta.get("scenario") == scenario and meta.get("seed") == seed \
                     and meta.get("clock", "emulated") != "virtual" and d not in found:
+                if want is not None:
+                    have = ran(meta.get("resolved") or {})
+                    differ = [k for k in RAN if k != "modes" and have[k] != want[k]]
+                    if any(m not in (have["modes"] or []) for m in want["modes"] or []):
+                        differ.append("modes")  # a run of more modes serves the shared ones
+                    if differ:
+                        print(f"crossval: {d}: not a run of this {scenario}.yaml "
+                              f"(it differs in: {', '.join(differ)}): left out", file=sys.stderr)
+                        continue
                 found.append(d)
     return found
 
@@ -75,7 +106,7 @@ def run_crossval(paths: Sequence[str], out: Path, opts, emulated_runs: int = 0,
             if not (vdir / "summary.json").is_file():
                 run_scenario(sc, dataclasses.replace(opts, out_dir=vdir, clock="virtual",
                                                      tie_seed=i))
-        edirs = find_runs(list(emulated_from), sc.name, seed)
+        edirs = find_runs(list(emulated_from), sc.name, seed, sc)
         for i in range(1, emulated_runs + 1):
             d = out / sc.name / f"emulated-{i}"
             if not (d / "summary.json").is_file():

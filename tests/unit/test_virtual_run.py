@@ -253,3 +253,26 @@ def test_a_run_past_its_deadline_ends_every_request_with_the_reason(tmp_path, mo
     assert len(records) == 8
     late = [r for r in records if r["status"] != "completed"]
     assert late and all("the run's deadline passed" in r["reason"] for r in late)
+
+
+def test_crossval_takes_as_reference_only_runs_of_what_the_scenario_runs(tmp_path, capsys):
+    from testbed.scenario.crossval import find_runs
+    from testbed.scenario.metadata import plain
+
+    sc = load_scenario(_scenario(tmp_path))
+    resolved = json.loads(json.dumps(plain(sc), default=str))
+    for name, change in (("same", None), ("more-requests", 16), ("other-file", "moved")):
+        run = tmp_path / "runs" / name
+        run.mkdir(parents=True)
+        res = json.loads(json.dumps(resolved))
+        if change == "moved":  # the same scenario run from another clone: paths differ only
+            res["topology"]["file"] = "/elsewhere/two-dc.yaml"
+        elif change:
+            res["workload"]["synthetic"]["n_requests"] = change
+        (run / "metadata.json").write_text(json.dumps(
+            {"scenario": sc.name, "seed": sc.seed, "resolved": res}))
+        (run / "summary.json").write_text("{}")
+    found = find_runs([tmp_path / "runs"], sc.name, sc.seed, sc)
+    assert [d.name for d in found] == ["other-file", "same"]
+    assert "more-requests: not a run of this small-virtual.yaml (it differs in: workload)" in \
+        capsys.readouterr().err
