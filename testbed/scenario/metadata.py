@@ -61,7 +61,8 @@ def versions() -> dict:
 
 def tcp_congestion_control() -> str | None:
     """The kernel's default TCP congestion control (new namespaces start with it): it
-    decides how KV transfers react to loss (bbr keeps its rate up to ~10% loss)."""
+    decides how KV transfers react to loss (bbr keeps its rate up to ~5% loss on the
+    emulated WAN and falls into timeouts beyond: docs/backends.md)."""
     try:
         return Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
     except OSError:
