@@ -40,6 +40,13 @@ quiet .venv/bin/python -m pip install -q --upgrade pip
 # torch first and pinned: a plain 'torch' requirement pulls a multi-GB CUDA build.
 quiet .venv/bin/python -m pip install -q torch==2.13.0
 quiet .venv/bin/python -m pip install -q -e '.[test]'
+# Mooncake Transfer Engine (optional: testbed/bench/mooncake_wan.py and its tests): a
+# wheel for Linux x86_64 only; where it does not install, those tests skip and say why.
+# TESTBED_NO_MOONCAKE=1 leaves it out.
+if [ "${TESTBED_NO_MOONCAKE:-0}" != 1 ]; then
+  .venv/bin/python -m pip install -q -e '.[mooncake]' >"$LOG" 2>&1 \
+    || echo "setup.sh: mooncake-transfer-engine-non-cuda did not install (optional; its tests skip)"
+fi
 .venv/bin/python -c "import testbed, torch, pyroute2, mininet, scapy, yaml" \
   || { echo "setup.sh: the virtualenv is incomplete" >&2; exit 1; }
 echo "setup.sh: ready (.venv/bin/testbed)"
