@@ -242,7 +242,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="virtual: the same figures from the virtual clock's network model "
                          "(no root)")
     args = ap.parse_args(argv)
-    losses = [parse_loss(x) for x in args.loss]
+    try:
+        losses = [parse_loss(x) for x in args.loss]
+    except SpecError as e:
+        print(f"tcp_loss: {e}", file=sys.stderr)
+        return 2
     sizes = [int(x) for x in args.sizes.split(",")]
     topo = load_topology(args.topology)
     t0 = time.time()

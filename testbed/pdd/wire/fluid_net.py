@@ -49,9 +49,11 @@ channels: a host's up and down link, the WAN's a>b and b>a):
   that lost bytes at its start up to 1.5 s more.
 
 - **Loss** (``fluid_loss``): a channel's loss process is drawn over each
-  segment's packets; a lost packet delays its segment (and, in order, the
-  stream behind it) by what RACK-TLP and the retransmission timeout take to
-  recover it, and its retransmission is served again.
+  segment's GSO frames (what the emulator's backends drop); a lost frame
+  delays its segment (and, in order, what of the stream arrives behind it
+  meanwhile) by what RACK-TLP and the retransmission timeout take to
+  recover it, and its retransmission is served again. A connection's
+  ``tcp_counters`` are the model's TCP_INFO (segments sent, retransmitted).
 - **Duplication** changes no timing: the receiving TCP drops the copy, and
   the copy takes no shaped rate (as on the userspace backend).
 
@@ -278,7 +280,7 @@ class FluidChannel:
                         continue
                     self.frames += 1
                     pipe.served(size)
-                    late, resent = pipe.recover(size, tail=not q and not pipe.queued, now=t)
+                    late, resent = pipe.recover(size, tail=not q and not pipe.queued)
                     if resent:  # served again before the stream's next bytes
                         q.appendleft([float(resent), _RETRANSMIT, resent])
                     pipe.deliver(payload, t, size, late)
@@ -342,7 +344,7 @@ class _FluidPipe(_Pipe):
         """Bytes written and not yet through the bottleneck."""
         return self._queued
 
-    def recover(self, size: int, tail: bool, now: float) -> tuple[float, int]:
+    def recover(self, size: int, tail: bool) -> tuple[float, int]:
         """A segment of ``size`` bytes through the path's lossy channels (fluid_loss):
         (how much later it is delivered, bytes served again)."""
         losses = [c.loss for c in self._path if c.loss is not None]
@@ -388,7 +390,7 @@ class _FluidPipe(_Pipe):
         followed, self._last_write = now - self._last_write < self._rtt_s, now
         if size <= SMALL_BYTES and self._queued == 0 and neck.rate_bytes_s > 0:
             neck.pass_small(size)  # served at its fair share at once: see SMALL_BYTES
-            late, resent = self.recover(size, tail=not followed, now=now)
+            late, resent = self.recover(size, tail=not followed)
             neck.bytes += resent
             self.deliver(payload, now + size / (neck.rate_bytes_s / (neck.flows + 1)), size,
                          late)
