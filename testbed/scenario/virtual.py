@@ -38,9 +38,9 @@ from pathlib import Path
 from testbed import clock
 from testbed.errors import EmulationError, SpecError
 from testbed.impairment import NO_LOSS
-from testbed.pdd.wire.fluid_loss import MAX_MODELED_LOSS_PCT
 from testbed.net.events import EventLog
 from testbed.net.plan import select_channels
+from testbed.pdd.wire.fluid_loss import MAX_MODELED_LOSS_PCT
 from testbed.scenario.cluster_config import cluster_dict_for, workload_lines
 from testbed.scenario.sampler import HEADER as LINKS_HEADER, SAMPLE_EVERY_S
 from testbed.scenario.triggers import TriggeredFaults

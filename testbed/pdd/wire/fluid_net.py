@@ -82,8 +82,8 @@ from collections.abc import Sequence
 
 from testbed.impairment import LossSpec
 from testbed.pdd.wire.fake_transport import FakeNetwork, FakeTransport, _Pipe
-from testbed.pdd.wire.fluid_loss import MSS, PacketLoss, frame_bytes, recovery
 from testbed.pdd.wire.fake_wan import jitter_draw
+from testbed.pdd.wire.fluid_loss import MSS, PacketLoss, frame_bytes, recovery
 from testbed.pdd.wire.messages import KvChunk, Tokens, _Fixed
 from testbed.pdd.wire.protocol import HEADER_SIZE, Frame, FrameDecoder, encode_frame_parts
 from testbed.pdd.wire.transport import Connection, ConnectionClosed, TcpCounters
