@@ -1,11 +1,13 @@
 """What a lossy channel costs a TCP stream on the virtual clock's network.
 
-Owns ``PacketLoss`` (one channel direction's loss process, drawn per packet
-as netem and the userspace delay line draw it) and ``recovery`` (the extra
+Owns ``PacketLoss`` (one channel direction's loss process, drawn per frame
+as netem and the userspace delay line draw it), ``frame_bytes`` (a GSO
+frame's size at a rate) and ``recovery`` (the extra
 delivery delay and the retransmitted bytes of one write's segment).
 
 The model, per segment of a stream (``testbed/pdd/wire/fluid_net.py`` serves
-a write in segments; a segment of ``size`` bytes is ceil(size / F) frames):
+a write in segments; a segment of ``size`` bytes is size / F frames, a
+fraction counting as one more frame with that probability):
 
 0. **What is lost is a frame, not a packet.** The emulator's hosts send TCP
    in GSO frames (TSO autosizing: about 1 ms of the pacing rate, at least 2
@@ -43,12 +45,13 @@ a write in segments; a segment of ``size`` bytes is ceil(size / F) frames):
 4. **Bytes**: every retransmitted frame is served by the channel again (it
    takes its share of the rate and counts as wire bytes, as htb counts it).
 
-Left out: loss of ACKs (cumulative, rarely costly), the congestion
-controller's reaction beyond the retransmissions themselves (the emulated
-hosts run bbr, which does not cut its rate on random loss: one bulk flow
-measured 89% of the line at 10% loss, which the retransmitted bytes alone
-give; ``python -m testbed.bench.tcp_loss``, docs/virtual-clock.md), and
-reordering. Whether a small write is a stream's tail is judged from the
+Left out: loss of ACKs (cumulative, rarely costly), reordering, and the
+congestion controller's reaction beyond the retransmissions themselves.
+Up to ``MAX_MODELED_LOSS_PCT`` the emulated hosts' bbr keeps its rate (one
+bulk flow held 97-99% of the line at 1-3%, what the retransmitted bytes
+alone give); above it, chains of timeouts collapse its bandwidth estimate,
+which this model does not have, so the virtual clock refuses such loss
+(``python -m testbed.bench.tcp_loss``, docs/virtual-clock.md, "Loss"). Whether a small write is a stream's tail is judged from the
 past: a write that follows another within one RTT counts as followed (a
 stream of token frames), one after an idle RTT as a tail.
 """
